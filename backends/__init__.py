@@ -1,0 +1,1 @@
+"""Backends of consensus-api, one package per store, found by entry point."""

@@ -1,0 +1,70 @@
+"""consensus-api: one API for coordination over ZooKeeper, etcd, Kafka and SQL.
+
+    import consensus_api as ca
+
+    with ca.connect("etcd://127.0.0.1:2379/myapp", session_timeout=10) as session:
+        session.storage.put("config/mode", b"fast")
+"""
+
+from consensus_api.election import LeaderElection
+from consensus_api.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    ConsensusError,
+    FencedError,
+    InvalidKeyError,
+    InvalidTypeError,
+    KeyExistsError,
+    KeyNotFoundError,
+    MemberExistsError,
+    NotAMemberError,
+    OperationTimeoutError,
+    SessionLostError,
+    ValueTooLargeError,
+    VersionConflictError,
+)
+from consensus_api.listeners import ListenerRegistry
+from consensus_api.membership import GroupMembership
+from consensus_api.model import (
+    Event,
+    KeySetChanged,
+    LeaderChanged,
+    Leadership,
+    MembershipChanged,
+    SessionState,
+    ValueChanged,
+    Versioned,
+)
+from consensus_api.session import Session, connect
+from consensus_api.storage import Storage
+
+__all__ = [
+    "BackendUnavailableError",
+    "ConfigurationError",
+    "ConsensusError",
+    "Event",
+    "FencedError",
+    "GroupMembership",
+    "InvalidKeyError",
+    "InvalidTypeError",
+    "KeyExistsError",
+    "KeyNotFoundError",
+    "KeySetChanged",
+    "LeaderChanged",
+    "LeaderElection",
+    "Leadership",
+    "ListenerRegistry",
+    "MemberExistsError",
+    "MembershipChanged",
+    "NotAMemberError",
+    "OperationTimeoutError",
+    "SessionLostError",
+    "Session",
+    "SessionState",
+    "Storage",
+    "ValueChanged",
+    "ValueTooLargeError",
+    "VersionConflictError",
+    "Versioned",
+    "connect",
+]

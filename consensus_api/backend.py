@@ -1,0 +1,155 @@
+"""The backend interface: what a backend maps onto its store, and nothing else.
+
+The core (``consensus_api.session``) owns validation, listener bookkeeping,
+event ordering and delivery, re-joining after a session loss and the public
+objects. A backend implements the primitive operations below and reports two
+things through ``BackendEvents``: its session state, and *that* a watched
+target may have changed. The core then re-reads the target on the session's
+dispatcher thread, so events for one target are produced by one thread, in
+order, from reads that never go back in time.
+
+Obligations of every backend:
+
+* Arguments arrive already checked (keys, names, values, versions).
+* Every call returns or raises within ``options.request_timeout`` (plus a
+  small margin); only ``ConsensusError`` subclasses escape.
+* ``fetch`` is linearizable: it sees every write completed before it started.
+* A version strictly increases for a key across its updates, also across
+  delete and re-create. Terms strictly increase across leaders of a service.
+* A fenced write checks, atomically with the write, that ``fence.term`` is
+  the current term of ``fence.service``; otherwise it raises ``FencedError``.
+* Members and candidates live exactly as long as the backend session. Before
+  reporting ``SessionState.LOST`` the backend makes sure the old session's
+  ephemeral state is gone or will be gone before any new session state is
+  created; after ``LOST`` it re-establishes a session and reports
+  ``CONNECTED``. The core re-joins what the application had joined.
+* After ``watch(target)`` every change of the target's state is followed by
+  at least one ``events.changed(target)``; after a reconnect the core
+  re-reads every watched target itself.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from consensus_api.config import BackendURL, OptionParser, Options
+from consensus_api.model import Leadership, SessionState, Versioned
+
+
+class TargetKind(enum.Enum):
+    """What a listener watches."""
+
+    VALUE = "value"
+    KEYSET = "keyset"
+    GROUP = "group"
+    ELECTION = "election"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A watched thing: a key's value, a namespace's keys, a group or an election."""
+
+    kind: TargetKind
+    name: str
+
+
+class BackendEvents(Protocol):
+    """How a backend reports to its session; both calls return at once."""
+
+    def state_changed(self, state: SessionState) -> None:
+        """The backend session is now ``state`` (never ``CLOSED``: the core sets that)."""
+
+    def changed(self, target: Target) -> None:
+        """``target`` may have changed; the core will re-read it."""
+
+
+class Backend(ABC):
+    """One client session against one backend."""
+
+    #: Backend-specific options (besides the common ones) and their parsers.
+    options: ClassVar[Mapping[str, OptionParser]] = {}
+
+    def __init__(self, url: BackendURL, options: Options, events: BackendEvents) -> None:
+        self.url = url
+        self.settings = options
+        self.events = events
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The backend's name: ``sqlite``, ``postgresql``, ``zookeeper``, ``etcd`` or ``kafka``."""
+
+    @abstractmethod
+    def open(self) -> None:
+        """Connect and start the session; ``BackendUnavailableError`` after ``connect_timeout``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release every member and candidacy at once and disconnect. Idempotent."""
+
+    # Storage (SPEC section 4)
+
+    @abstractmethod
+    def fetch(self, key: str) -> Versioned | None:
+        """The key's value and version, or None."""
+
+    @abstractmethod
+    def put(self, key: str, value: bytes, fence: Leadership | None) -> int:
+        """Create ``key``; ``KeyExistsError`` if it exists. Returns the new version."""
+
+    @abstractmethod
+    def update(self, key: str, value: bytes, version: int | None, fence: Leadership | None) -> int:
+        """Replace the value; ``KeyNotFoundError``, ``VersionConflictError``."""
+
+    @abstractmethod
+    def delete(self, key: str, version: int | None, fence: Leadership | None) -> None:
+        """Remove ``key``; ``KeyNotFoundError``, ``VersionConflictError``."""
+
+    @abstractmethod
+    def keys(self, namespace: str) -> frozenset[str]:
+        """The existing keys exactly one level below ``namespace`` (``""`` is the root)."""
+
+    # Group membership (SPEC section 6)
+
+    @abstractmethod
+    def join(self, group: str, member_id: str, data: bytes) -> None:
+        """Add an ephemeral member; ``MemberExistsError`` if a live one has that id."""
+
+    @abstractmethod
+    def leave(self, group: str, member_id: str) -> None:
+        """Remove this session's member; ``NotAMemberError`` if it holds none by that id."""
+
+    @abstractmethod
+    def membership(self, group: str) -> dict[str, bytes]:
+        """The live members of ``group`` and their data."""
+
+    # Leader election (SPEC section 7)
+
+    @abstractmethod
+    def nominate(self, service: str, candidate_id: str) -> bool:
+        """Queue an ephemeral candidate; True if it leads now.
+
+        ``MemberExistsError`` if a live candidate already has that id.
+        """
+
+    @abstractmethod
+    def resign(self, service: str, candidate_id: str) -> None:
+        """Withdraw this session's candidate; ``NotAMemberError`` if it holds none."""
+
+    @abstractmethod
+    def leadership(self, service: str) -> Leadership | None:
+        """The current leader and term, or None."""
+
+    # Watches (SPEC section 5)
+
+    @abstractmethod
+    def watch(self, target: Target) -> None:
+        """Start reporting changes of ``target``; must not block on the network for long."""
+
+    @abstractmethod
+    def unwatch(self, target: Target) -> None:
+        """Stop reporting changes of ``target``."""

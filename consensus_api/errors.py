@@ -1,0 +1,63 @@
+"""The error hierarchy: every failure the API reports is a ``ConsensusError``.
+
+Backends translate their client library's exceptions into these classes, so no
+backend exception type ever reaches the application.
+"""
+
+from __future__ import annotations
+
+
+class ConsensusError(Exception):
+    """Base class of every error raised by consensus-api."""
+
+
+class ConfigurationError(ConsensusError):
+    """A bad URL, an unknown option, or a backend whose extra is not installed."""
+
+
+class BackendUnavailableError(ConsensusError):
+    """The backend could not be reached within ``connect_timeout``."""
+
+
+class SessionLostError(ConsensusError):
+    """The session's ephemeral state is (or may be) gone, or the session is closed."""
+
+
+class OperationTimeoutError(ConsensusError):
+    """A call did not complete within ``request_timeout``; its effect is unknown."""
+
+
+class KeyExistsError(ConsensusError):
+    """``put`` found the key already present."""
+
+
+class KeyNotFoundError(ConsensusError):
+    """``update`` or ``delete`` found no such key."""
+
+
+class VersionConflictError(ConsensusError):
+    """The key's current version differs from the one the call expected."""
+
+
+class MemberExistsError(ConsensusError):
+    """A live member (or candidate) already has that id."""
+
+
+class NotAMemberError(ConsensusError):
+    """This session holds no membership (or candidacy) with that id."""
+
+
+class FencedError(ConsensusError):
+    """A write fenced by a ``Leadership`` whose term is no longer current."""
+
+
+class InvalidKeyError(ConsensusError, ValueError):
+    """A key, namespace or name breaks the key rules (SPEC section 4)."""
+
+
+class ValueTooLargeError(ConsensusError, ValueError):
+    """A value is larger than 1 MiB."""
+
+
+class InvalidTypeError(ConsensusError, TypeError):
+    """An argument has the wrong type (a key that is not ``str``, a value that is not ``bytes``)."""

@@ -1,0 +1,95 @@
+"""Validation of keys, names and values, done before any I/O (SPEC section 4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consensus_api.errors import InvalidKeyError, InvalidTypeError, ValueTooLargeError
+
+MAX_KEY_BYTES = 1024
+MAX_SEGMENT_CHARS = 255
+MAX_VALUE_BYTES = 1024 * 1024
+SEPARATOR = "/"
+
+
+def check_key(key: Any, what: str = "key") -> str:
+    """Return ``key`` if it is a valid key, else raise ``InvalidKeyError`` or ``InvalidTypeError``.
+
+    A key is one or more segments joined by ``/``; each segment has 1-255
+    characters, is not ``.`` or ``..`` and holds no control characters; the
+    whole key is at most 1024 bytes in UTF-8.
+    """
+    if not isinstance(key, str):
+        raise InvalidTypeError(f"{what} must be str, not {type(key).__name__}")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidKeyError(f"{what} {key!r} is not valid UTF-8: {exc.reason}") from None
+    if size > MAX_KEY_BYTES:
+        raise InvalidKeyError(f"{what} is {size} bytes in UTF-8; the limit is {MAX_KEY_BYTES}")
+    for segment in key.split(SEPARATOR):
+        _check_segment(segment, key, what)
+    return key
+
+
+def check_namespace(namespace: Any) -> str:
+    """Return ``namespace`` if it is ``""`` (the root) or a valid key."""
+    if namespace == "":
+        return ""
+    return check_key(namespace, "namespace")
+
+
+def check_segment(name: Any, what: str) -> str:
+    """Return ``name`` if it is a single valid key segment (member and candidate ids)."""
+    if not isinstance(name, str):
+        raise InvalidTypeError(f"{what} must be str, not {type(name).__name__}")
+    if SEPARATOR in name:
+        raise InvalidKeyError(f"{what} {name!r} must not contain '/'")
+    _check_segment(name, name, what)
+    return name
+
+
+def check_value(value: Any, what: str = "value") -> bytes:
+    """Return ``value`` if it is ``bytes`` of at most 1 MiB."""
+    if not isinstance(value, bytes):
+        raise InvalidTypeError(f"{what} must be bytes, not {type(value).__name__}")
+    if len(value) > MAX_VALUE_BYTES:
+        raise ValueTooLargeError(f"{what} is {len(value)} bytes; the limit is {MAX_VALUE_BYTES}")
+    return value
+
+
+def check_version(version: Any) -> int | None:
+    """Return ``version`` if it is None or a non-negative int."""
+    if version is None:
+        return None
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise InvalidTypeError(f"version must be int or None, not {type(version).__name__}")
+    if version < 0:
+        raise InvalidKeyError(f"version must not be negative, got {version}")
+    return version
+
+
+def parent_of(key: str) -> str:
+    """The namespace directly above ``key`` (``""`` for a top-level key)."""
+    head, _, _ = key.rpartition(SEPARATOR)
+    return head
+
+
+def join_key(namespace: str, name: str) -> str:
+    """``name`` below ``namespace`` (the root when ``namespace`` is empty)."""
+    return f"{namespace}{SEPARATOR}{name}" if namespace else name
+
+
+def _check_segment(segment: str, key: str, what: str) -> None:
+    if not segment:
+        raise InvalidKeyError(f"{what} {key!r} has an empty segment")
+    if segment in (".", ".."):
+        raise InvalidKeyError(f"{what} {key!r} has a {segment!r} segment")
+    if len(segment) > MAX_SEGMENT_CHARS:
+        raise InvalidKeyError(
+            f"{what} {key!r} has a segment of {len(segment)} characters; "
+            f"the limit is {MAX_SEGMENT_CHARS}"
+        )
+    for char in segment:
+        if ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0:
+            raise InvalidKeyError(f"{what} {key!r} contains the control character {char!r}")

@@ -1,0 +1,290 @@
+"""Sessions: one client's connection and liveness (SPEC sections 2 and 3)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from functools import partial
+from types import TracebackType
+from typing import Any
+
+from consensus_api import config, registry
+from consensus_api.backend import Backend, Target, TargetKind
+from consensus_api.dispatch import Dispatcher
+from consensus_api.election import LeaderElection
+from consensus_api.errors import ConsensusError, MemberExistsError, NotAMemberError, SessionLostError
+from consensus_api.keys import check_key
+from consensus_api.listeners import RETRY_DELAY, ListenerHub, ListenerRegistry
+from consensus_api.membership import GroupMembership
+from consensus_api.model import (
+    Event,
+    KeySetChanged,
+    LeaderChanged,
+    MembershipChanged,
+    SessionState,
+    ValueChanged,
+    frozen_members,
+)
+from consensus_api.storage import Storage
+
+log = logging.getLogger("consensus_api")
+
+StateListener = Callable[[SessionState], None]
+
+
+def connect(url: str | None = None, **options: Any) -> Session:
+    """Open a session on the backend ``url`` names.
+
+    Without ``url``: ``$CONSENSUS_URL``, then ``consensus.toml`` (or the file
+    ``$CONSENSUS_CONFIG`` names), then ``sqlite:///consensus.db``. Options come
+    from that file, then the URL's query, then ``options``; unknown options and
+    malformed URLs raise ``ConfigurationError`` before any I/O.
+    """
+    raw_url, file_options = config.resolve(url)
+    parsed, query = config.parse_url(raw_url)
+    backend_class = registry.load_backend(parsed.scheme)
+    merged = {**file_options, **query, **options}
+    settings = config.build_options(merged, backend_class.options, parsed.scheme)
+    return Session(backend_class, parsed, settings)
+
+
+class _Events:
+    """What the backend calls; forwards to the session without blocking."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def state_changed(self, state: SessionState) -> None:
+        self._session._on_backend_state(state)
+
+    def changed(self, target: Target) -> None:
+        self._session._hub.changed(target)
+
+
+class Session:
+    """A connection whose lifetime bounds every member, candidacy and leadership.
+
+    SUSPENDED means connection trouble while ephemeral state may still exist;
+    LOST means it is (or may be) gone: every leader is told, every listener is
+    re-synced and, with ``auto_rejoin``, what the application had joined is
+    joined again once the backend is CONNECTED. Callbacks run on the session's
+    dispatcher thread.
+    """
+
+    def __init__(
+        self, backend_class: type[Backend], url: config.BackendURL, settings: config.Options
+    ) -> None:
+        self.url = url
+        self.settings = settings
+        self._lock = threading.RLock()
+        self._state = SessionState.CONNECTED
+        self._state_listeners: list[StateListener] = []
+        self._joined: dict[tuple[str, str], bytes] = {}
+        self._candidacies: set[tuple[str, str]] = set()
+        self._dispatcher = Dispatcher(url.scheme)
+        self._backend = backend_class(url, settings, _Events(self))
+        self._hub = ListenerHub(self._dispatcher, self._read, self._backend.watch, self._backend.unwatch)
+        self.storage = Storage(self)
+        self.listeners = ListenerRegistry(self._hub)
+        try:
+            self._backend.open()
+        except BaseException:
+            self._dispatcher.stop(0)
+            raise
+
+    @property
+    def backend(self) -> str:
+        """The backend's name: sqlite, postgresql, zookeeper, etcd or kafka."""
+        return self._backend.name
+
+    @property
+    def state(self) -> SessionState:
+        """The session's current state."""
+        return self._state
+
+    def group(self, name: str) -> GroupMembership:
+        """The group ``name`` (a key-like name)."""
+        return GroupMembership(self, check_key(name, "group name"))
+
+    def election(self, service: str) -> LeaderElection:
+        """The election for ``service`` (a key-like name)."""
+        return LeaderElection(self, check_key(service, "service name"))
+
+    def add_state_listener(self, callback: StateListener) -> None:
+        """Call ``callback(state)`` on the dispatcher thread at every state change."""
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+        with self._lock:
+            if callback not in self._state_listeners:
+                self._state_listeners.append(callback)
+
+    def remove_state_listener(self, callback: StateListener) -> None:
+        """Stop calling ``callback``; unknown callbacks are ignored."""
+        with self._lock:
+            if callback in self._state_listeners:
+                self._state_listeners.remove(callback)
+
+    def close(self) -> None:
+        """Release every member and candidacy at once and disconnect. Idempotent."""
+        with self._lock:
+            if self._state is SessionState.CLOSED:
+                return
+            self._state = SessionState.CLOSED
+            self._joined.clear()
+            self._candidacies.clear()
+        try:
+            self._backend.close()
+        finally:
+            self._dispatcher.submit(lambda: self._notify_state(SessionState.CLOSED))
+            self._dispatcher.stop(self.settings.request_timeout)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Session {self.url.redacted()} {self._state.name}>"
+
+    # Used by the public objects of this package.
+
+    def _backend_for_call(self) -> Backend:
+        if self._state is SessionState.CLOSED:
+            raise SessionLostError("the session is closed; open a new one with consensus_api.connect()")
+        return self._backend
+
+    def _join(self, group: str, member_id: str, data: bytes) -> None:
+        self._backend_for_call().join(group, member_id, data)
+        with self._lock:
+            self._joined[(group, member_id)] = data
+
+    def _leave(self, group: str, member_id: str) -> None:
+        backend = self._backend_for_call()
+        with self._lock:
+            if (group, member_id) not in self._joined:
+                raise NotAMemberError(f"this session has no member {member_id!r} in group {group!r}")
+        backend.leave(group, member_id)
+        with self._lock:
+            self._joined.pop((group, member_id), None)
+
+    def _nominate(self, service: str, candidate_id: str) -> bool:
+        leads = self._backend_for_call().nominate(service, candidate_id)
+        with self._lock:
+            self._candidacies.add((service, candidate_id))
+        return leads
+
+    def _resign(self, service: str, candidate_id: str) -> None:
+        backend = self._backend_for_call()
+        with self._lock:
+            if (service, candidate_id) not in self._candidacies:
+                raise NotAMemberError(f"this session has no candidate {candidate_id!r} for {service!r}")
+        backend.resign(service, candidate_id)
+        with self._lock:
+            self._candidacies.discard((service, candidate_id))
+
+    # Reports from the backend and their handling on the dispatcher thread.
+
+    def _read(self, target: Target) -> Event:
+        backend = self._backend_for_call()
+        if target.kind is TargetKind.VALUE:
+            current = backend.fetch(target.name)
+            if current is None:
+                return ValueChanged(target.name, None, None)
+            return ValueChanged(target.name, current.value, current.version)
+        if target.kind is TargetKind.KEYSET:
+            return KeySetChanged(target.name, backend.keys(target.name))
+        if target.kind is TargetKind.GROUP:
+            return MembershipChanged(target.name, frozen_members(backend.membership(target.name)))
+        leadership = backend.leadership(target.name)
+        if leadership is None:
+            return LeaderChanged(target.name, None, None)
+        return LeaderChanged(target.name, leadership.leader_id, leadership.term)
+
+    def _on_backend_state(self, state: SessionState) -> None:
+        with self._lock:
+            previous = self._state
+            if previous is SessionState.CLOSED or state is previous:
+                return
+            self._state = state
+        self._dispatcher.submit(lambda: self._transition(previous, state))
+
+    def _transition(self, previous: SessionState, state: SessionState) -> None:
+        if state is SessionState.LOST:
+            self._announce_lost_leadership()
+            if not self.settings.auto_rejoin:
+                with self._lock:
+                    self._joined.clear()
+                    self._candidacies.clear()
+        self._notify_state(state)
+        if state is SessionState.CONNECTED:
+            if previous is SessionState.LOST:
+                self._rejoin()
+            self._hub.resync()
+
+    def _announce_lost_leadership(self) -> None:
+        with self._lock:
+            ours = set(self._candidacies)
+        for service in {service for service, _ in ours}:
+            ours_here = {candidate for s, candidate in ours if s == service}
+            self._hub.announce_leader_lost(service, ours_here)
+
+    def _rejoin(
+        self,
+        members: dict[tuple[str, str], bytes] | None = None,
+        candidacies: set[tuple[str, str]] | None = None,
+    ) -> None:
+        """Join again what the application had joined; retry only what failed for a passing reason."""
+        if self._state is not SessionState.CONNECTED:
+            return
+        with self._lock:
+            members = dict(self._joined) if members is None else members
+            candidacies = set(self._candidacies) if candidacies is None else candidacies
+        failed_members = {
+            item: data
+            for item, data in members.items()
+            if not self._redo(self._joined, item, self._rejoin_member(data))
+        }
+        failed_candidacies = {
+            item
+            for item in sorted(candidacies)
+            if not self._redo(self._candidacies, item, self._backend.nominate)
+        }
+        if failed_members or failed_candidacies:
+            self._dispatcher.submit_later(
+                RETRY_DELAY, partial(self._rejoin, failed_members, failed_candidacies)
+            )
+
+    def _rejoin_member(self, data: bytes) -> Callable[[str, str], None]:
+        return lambda group, member_id: self._backend.join(group, member_id, data)
+
+    def _redo(self, tracked: Any, item: tuple[str, str], call: Callable[[str, str], object]) -> bool:
+        """Run ``call(*item)``; False if it failed for a passing reason and should be retried."""
+        with self._lock:
+            if item not in tracked:
+                return True
+        try:
+            call(*item)
+        except MemberExistsError:
+            log.warning("could not re-join %r to %r: another live session holds that id", item[1], item[0])
+            with self._lock:
+                if isinstance(tracked, dict):
+                    tracked.pop(item, None)
+                else:
+                    tracked.discard(item)
+        except ConsensusError as exc:
+            log.info("re-joining %r to %r failed (%s); retrying", item[1], item[0], exc)
+            return False
+        return True
+
+    def _notify_state(self, state: SessionState) -> None:
+        with self._lock:
+            listeners = list(self._state_listeners)
+        for listener in listeners:
+            try:
+                listener(state)
+            except Exception:
+                log.exception("state listener %r raised; delivery continues", listener)

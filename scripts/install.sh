@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Installs what consensus_api.testing needs to run real servers: Debian's
+# ZooKeeper and PostgreSQL, a Java 17+ runtime, Maven, and the Kafka broker
+# jars from Maven Central (into a cache dir). Idempotent: when everything is
+# there it only checks and exits. Does not touch the Python venv.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+POM="$ROOT/consensus_api/testing/kafka-pom.xml"
+CACHE="${CONSENSUS_CACHE:-$HOME/.cache/consensus-api}"
+
+say() { echo "install: $*"; }
+
+java_major() {
+    # Prints the major version of `java` on PATH, or 0 when there is none.
+    command -v java >/dev/null || { echo 0; return; }
+    java -XshowSettings:properties -version 2>&1 \
+        | sed -n 's/^ *java\.specification\.version = \([0-9]*\).*/\1/p' | head -n1
+}
+
+pg_installed() {
+    compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || command -v postgres >/dev/null
+}
+
+# ---- Debian packages -------------------------------------------------------
+missing=()
+[ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
+pg_installed || missing+=(postgresql)
+[ "$(java_major)" -ge 17 ] || missing+=(java)
+command -v mvn >/dev/null || missing+=(maven)
+
+if [ ${#missing[@]} -gt 0 ]; then
+    [ "$(id -u)" -eq 0 ] || { say "missing ${missing[*]}; run this script as root"; exit 1; }
+    say "apt-get update (missing: ${missing[*]})"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    pkgs=()
+    for m in "${missing[@]}"; do
+        case $m in
+            postgresql)
+                # Prefer 15 (what the project is tested with); fall back to the distro's default.
+                if apt-cache show postgresql-15 >/dev/null 2>&1; then pkgs+=(postgresql-15); else pkgs+=(postgresql); fi ;;
+            java)
+                if apt-cache show openjdk-17-jre-headless >/dev/null 2>&1; then pkgs+=(openjdk-17-jre-headless)
+                else pkgs+=(default-jre-headless); fi ;;
+            *) pkgs+=("$m") ;;
+        esac
+    done
+    say "apt-get install ${pkgs[*]}"
+    apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+fi
+say "debian packages ok (zookeeper, postgresql, java $(java_major), maven)"
+
+# ---- Kafka jars ------------------------------------------------------------
+version=$(sed -n 's:.*<kafka\.version>\(.*\)</kafka\.version>.*:\1:p' "$POM")
+[ -n "$version" ] || { say "no <kafka.version> in $POM"; exit 1; }
+libs="$CACHE/kafka-$version/libs"
+marker="$libs/.complete"
+pom_sum=$(sha256sum "$POM" | cut -d' ' -f1)
+
+if [ -f "$marker" ] && [ "$(cat "$marker")" = "$pom_sum" ]; then
+    say "kafka $version jars ok ($libs)"
+    exit 0
+fi
+
+say "fetching kafka $version jars into $libs (first time: about a minute)"
+mkdir -p "$CACHE/kafka-$version"
+tmp=$(mktemp -d "$CACHE/kafka-$version/libs.tmp.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+mvn -q -B -Dstyle.color=never -f "$POM" dependency:copy-dependencies -DoutputDirectory="$tmp" -DincludeScope=runtime
+[ -n "$(compgen -G "$tmp/kafka_2.13-$version.jar")" ] || { say "kafka_2.13-$version.jar was not fetched"; exit 1; }
+echo "$pom_sum" >"$tmp/.complete"
+rm -rf "$libs"
+mv "$tmp" "$libs"
+trap - EXIT
+say "kafka $version: $(find "$libs" -name '*.jar' | wc -l) jars in $libs"
