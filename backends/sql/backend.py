@@ -1,0 +1,268 @@
+"""The SQL backend: SQLite (a shared file, WAL mode) and PostgreSQL (psycopg 3).
+
+Guarantees beyond the Backend contract: lease expiry is judged by the
+database clock only, and any session reaps expired leases at every
+heartbeat (every ``session_timeout / 3``), so a dead member leaves within
+``4/3 * session_timeout``; every transaction that writes starts with the
+database's write lock (SQLite ``BEGIN IMMEDIATE``) or locks the rows it
+decides on (PostgreSQL), so fenced writes and elections are atomic.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import sqlalchemy
+from sqlalchemy import Connection, Engine
+
+from backends.sql import ephemeral, store
+from backends.sql.changes import ChangeFeed, prune
+from backends.sql.engine import create, describe_error, is_retryable
+from backends.sql.schema import Tables
+from consensus_api.backend import Backend, Target
+from consensus_api.config import boolean, positive_float, string
+from consensus_api.errors import (
+    BackendUnavailableError,
+    OperationTimeoutError,
+    SessionLostError,
+)
+from consensus_api.model import Leadership, SessionState, Versioned
+
+log = logging.getLogger("consensus_api.sql")
+
+R = TypeVar("R")
+RETRY_PAUSE = 0.05
+
+
+class SQLBackend(Backend):
+    """Coordination state in SQL tables; see the module docstring for guarantees."""
+
+    options = {
+        "table_prefix": string,
+        "poll_interval": positive_float,
+        "tls": boolean,
+        "tls_ca": string,
+        "tls_cert": string,
+        "tls_key": string,
+    }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        extra = self.settings.extra
+        self._engine: Engine = create(self.url, self.settings)
+        self._tables = Tables(str(extra.get("table_prefix", "consensus_")))
+        self._session_id = uuid.uuid4().hex
+        self._lock = threading.Lock()
+        self._watched: set[Target] = set()
+        self._stop = threading.Event()
+        self._feed = ChangeFeed(
+            self._engine,
+            self._tables,
+            self._hint,
+            self._resync,
+            float(extra.get("poll_interval", 0.025)),  # type: ignore[arg-type]
+        )
+        self._heartbeat = threading.Thread(target=self._beat, name="consensus-sql-heartbeat", daemon=True)
+
+    @property
+    def name(self) -> str:
+        return self._engine.dialect.name
+
+    def open(self) -> None:
+        deadline = time.monotonic() + self.settings.connect_timeout
+        while True:
+            try:
+                self._run(self._start_session, deadline=deadline)
+                break
+            except (OperationTimeoutError, BackendUnavailableError) as exc:
+                if time.monotonic() >= deadline:
+                    self._engine.dispose()
+                    raise BackendUnavailableError(
+                        f"cannot reach {self.url.redacted()} within {self.settings.connect_timeout} s: {exc}"
+                    ) from None
+                time.sleep(RETRY_PAUSE)
+        self._feed.start()
+        self._heartbeat.start()
+
+    def _start_session(self, conn: Connection) -> None:
+        self._tables.create(conn)
+        ephemeral.open_lease(conn, self._tables, self._session_id, self.settings.session_timeout)
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._heartbeat.join(self.settings.request_timeout)
+        self._feed.stop(self.settings.request_timeout)
+        try:
+            self._run(lambda c: ephemeral.drop_sessions(c, self._tables, [self._session_id]))
+        except (OperationTimeoutError, BackendUnavailableError) as exc:
+            log.warning("could not release the session at close (%s); it expires by itself", exc)
+        finally:
+            self._engine.dispose()
+
+    # Storage
+
+    def fetch(self, key: str) -> Versioned | None:
+        return self._run(lambda c: store.fetch(c, self._tables, key), write=False)
+
+    def put(self, key: str, value: bytes, fence: Leadership | None) -> int:
+        return self._run(lambda c: store.put(c, self._tables, key, value), fence=fence)
+
+    def update(self, key: str, value: bytes, version: int | None, fence: Leadership | None) -> int:
+        return self._run(lambda c: store.update_value(c, self._tables, key, value, version), fence=fence)
+
+    def delete(self, key: str, version: int | None, fence: Leadership | None) -> None:
+        self._run(lambda c: store.delete(c, self._tables, key, version), fence=fence)
+
+    def keys(self, namespace: str) -> frozenset[str]:
+        return self._run(lambda c: store.keys(c, self._tables, namespace), write=False)
+
+    # Membership and election
+
+    def join(self, group: str, member_id: str, data: bytes) -> None:
+        def work(conn: Connection) -> None:
+            ephemeral.reap_expired(conn, self._tables)
+            ephemeral.join(conn, self._tables, self._session_id, group, member_id, data)
+
+        self._run(work)
+
+    def leave(self, group: str, member_id: str) -> None:
+        self._run(lambda c: ephemeral.leave(c, self._tables, self._session_id, group, member_id))
+
+    def membership(self, group: str) -> dict[str, bytes]:
+        return self._run(lambda c: ephemeral.membership(c, self._tables, group), write=False)
+
+    def nominate(self, service: str, candidate_id: str) -> bool:
+        def work(conn: Connection) -> bool:
+            ephemeral.reap_expired(conn, self._tables)
+            return ephemeral.nominate(conn, self._tables, self._session_id, service, candidate_id)
+
+        return self._run(work)
+
+    def resign(self, service: str, candidate_id: str) -> None:
+        self._run(lambda c: ephemeral.resign(c, self._tables, self._session_id, service, candidate_id))
+
+    def leadership(self, service: str) -> Leadership | None:
+        return self._run(lambda c: ephemeral.leadership(c, self._tables, service), write=False)
+
+    # Watches
+
+    def watch(self, target: Target) -> None:
+        with self._lock:
+            self._watched.add(target)
+
+    def unwatch(self, target: Target) -> None:
+        with self._lock:
+            self._watched.discard(target)
+
+    def _hint(self, target: Target) -> None:
+        with self._lock:
+            watched = target in self._watched
+        if watched:
+            self.events.changed(target)
+
+    def _resync(self) -> None:
+        with self._lock:
+            targets = list(self._watched)
+        for target in targets:
+            self.events.changed(target)
+
+    # Transactions and liveness
+
+    def _run(
+        self,
+        work: Callable[[Connection], R],
+        *,
+        write: bool = True,
+        fence: Leadership | None = None,
+        deadline: float | None = None,
+    ) -> R:
+        """Run ``work`` in one transaction, retrying what is safe to retry until ``deadline``."""
+        deadline = deadline or time.monotonic() + self.settings.request_timeout
+        while True:
+            try:
+                conn = self._engine.connect()
+            except sqlalchemy.exc.DBAPIError as exc:
+                if time.monotonic() < deadline:
+                    time.sleep(RETRY_PAUSE)
+                    continue
+                raise BackendUnavailableError(
+                    f"cannot reach {self.url.redacted()}: {describe_error(exc)}"
+                ) from None
+            try:
+                with conn:
+                    if write:
+                        conn.execution_options(consensus_write=True)
+                    with conn.begin():
+                        if fence is not None:
+                            ephemeral.check_fence(conn, self._tables, fence)
+                        return work(conn)
+            except sqlalchemy.exc.IntegrityError:
+                raise SessionLostError(
+                    "this session's lease has expired; it is being re-established"
+                ) from None
+            except sqlalchemy.exc.DBAPIError as exc:
+                if is_retryable(exc) and time.monotonic() < deadline:
+                    time.sleep(RETRY_PAUSE)
+                    continue
+                raise OperationTimeoutError(
+                    f"{self.name} did not complete the call ({describe_error(exc)}); its effect is unknown"
+                ) from None
+
+    def _beat(self) -> None:
+        ttl = self.settings.session_timeout
+        last_renewal = time.monotonic()
+        state = SessionState.CONNECTED
+        while not self._stop.wait(ttl / 3):
+            try:
+                if state is SessionState.LOST:
+                    self._replace_lease()
+                    renewed = True
+                else:
+                    renewed = self._run(self._renew)
+            except (OperationTimeoutError, BackendUnavailableError, SessionLostError) as exc:
+                log.debug("heartbeat failed: %s", exc)
+                lapsed = time.monotonic() - last_renewal > ttl
+                state = self._report(
+                    SessionState.LOST if lapsed or state is SessionState.LOST else SessionState.SUSPENDED,
+                    state,
+                )
+                continue
+            if not renewed:
+                state = self._report(SessionState.LOST, state)
+                try:
+                    self._replace_lease()
+                except (OperationTimeoutError, BackendUnavailableError, SessionLostError) as exc:
+                    log.debug("re-establishing the session failed: %s", exc)
+                    continue
+            last_renewal = time.monotonic()
+            state = self._report(SessionState.CONNECTED, state)
+
+    def _renew(self, conn: Connection) -> bool:
+        if not ephemeral.renew_lease(conn, self._tables, self._session_id, self.settings.session_timeout):
+            return False
+        ephemeral.reap_expired(conn, self._tables)
+        prune(conn, self._tables)
+        return True
+
+    def _replace_lease(self) -> None:
+        """After a loss: drop what is left of the old lease and open a new one."""
+        old, new = self._session_id, uuid.uuid4().hex
+
+        def swap(conn: Connection) -> None:
+            ephemeral.drop_sessions(conn, self._tables, [old])
+            ephemeral.open_lease(conn, self._tables, new, self.settings.session_timeout)
+
+        self._run(swap)
+        self._session_id = new
+
+    def _report(self, state: SessionState, previous: SessionState) -> SessionState:
+        if state is not previous:
+            self.events.state_changed(state)
+        return state
