@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Creates .venv (if absent) and installs consensus-api into it, editable, with
+# the extras named as arguments (default: every backend and the test tools).
+# Idempotent: a second run only checks what is installed.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+extras=${1:-postgresql,zookeeper,etcd,kafka,test}
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    echo "venv: creating .venv with $($python --version)"
+    "$python" -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip
+fi
+echo "venv: installing consensus-api[$extras]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]"
