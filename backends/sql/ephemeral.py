@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from sqlalchemy import Connection, delete, literal, select, update
 
 from backends.sql.changes import log_changes
-from backends.sql.dialect import insert_ignore
+from backends.sql.dialect import insert_if_absent
 from backends.sql.schema import Tables, db_now
 from consensus_api.backend import Target, TargetKind
 from consensus_api.errors import FencedError, MemberExistsError, NotAMemberError
@@ -33,12 +33,13 @@ def open_lease(conn: Connection, t: Tables, session_id: str, ttl: float) -> None
 def renew_lease(conn: Connection, t: Tables, session_id: str, ttl: float) -> bool:
     """Extend an unexpired lease; False if it has expired or was reaped."""
     now = db_now(conn.dialect.name)
-    result = conn.execute(
+    renewed = conn.execute(
         update(t.sessions)
         .where(t.sessions.c.id == session_id, t.sessions.c.expires_at >= now)
         .values(expires_at=now + ttl)
+        .returning(t.sessions.c.id)
     )
-    return result.rowcount == 1
+    return renewed.first() is not None
 
 
 def reap_expired(conn: Connection, t: Tables) -> None:
@@ -79,7 +80,7 @@ def join(  # noqa: PLR0917
 ) -> None:
     """Add a member; ``MemberExistsError`` if a live one has that id."""
     row = {"grp": group, "member_id": member_id, "session_id": session_id, "data": data}
-    if conn.execute(insert_ignore(conn, t.members, ["grp", "member_id"]).values(**row)).rowcount != 1:
+    if not insert_if_absent(conn, t.members, ["grp", "member_id"], row):
         raise MemberExistsError(f"group {group!r} already has a live member {member_id!r}")
     log_changes(conn, t, [Target(TargetKind.GROUP, group)])
 
@@ -88,9 +89,11 @@ def leave(conn: Connection, t: Tables, session_id: str, group: str, member_id: s
     """Remove this session's member; ``NotAMemberError`` if it holds none."""
     m = t.members.c
     gone = conn.execute(
-        delete(t.members).where(m.grp == group, m.member_id == member_id, m.session_id == session_id)
+        delete(t.members)
+        .where(m.grp == group, m.member_id == member_id, m.session_id == session_id)
+        .returning(m.member_id)
     )
-    if gone.rowcount != 1:
+    if gone.first() is None:
         raise NotAMemberError(f"this session has no member {member_id!r} in group {group!r}")
     log_changes(conn, t, [Target(TargetKind.GROUP, group)])
 
@@ -105,10 +108,7 @@ def nominate(conn: Connection, t: Tables, session_id: str, service: str, candida
     """Queue a candidate; True if it leads now. ``MemberExistsError`` for a live duplicate."""
     _lock_service(conn, t, service)
     row = {"service": service, "candidate_id": candidate_id, "session_id": session_id}
-    if (
-        conn.execute(insert_ignore(conn, t.candidates, ["service", "candidate_id"]).values(**row)).rowcount
-        != 1
-    ):
+    if not insert_if_absent(conn, t.candidates, ["service", "candidate_id"], row):
         raise MemberExistsError(f"service {service!r} already has a live candidate {candidate_id!r}")
     leader = _elect(conn, t, service)
     return leader is not None and leader.leader_id == candidate_id
@@ -119,11 +119,11 @@ def resign(conn: Connection, t: Tables, session_id: str, service: str, candidate
     _lock_service(conn, t, service)
     c = t.candidates.c
     gone = conn.execute(
-        delete(t.candidates).where(
-            c.service == service, c.candidate_id == candidate_id, c.session_id == session_id
-        )
+        delete(t.candidates)
+        .where(c.service == service, c.candidate_id == candidate_id, c.session_id == session_id)
+        .returning(c.id)
     )
-    if gone.rowcount != 1:
+    if gone.first() is None:
         raise NotAMemberError(f"this session has no candidate {candidate_id!r} for {service!r}")
     _elect(conn, t, service)
 
@@ -161,7 +161,7 @@ def check_fence(conn: Connection, t: Tables, fence: Leadership) -> None:
 
 
 def _lock_service(conn: Connection, t: Tables, service: str) -> None:
-    conn.execute(insert_ignore(conn, t.leaders, ["service"]).values(service=service, term=0))
+    insert_if_absent(conn, t.leaders, ["service"], {"service": service, "term": 0})
     query = select(t.leaders.c.term).where(t.leaders.c.service == service)
     if conn.dialect.name == "postgresql":
         query = query.with_for_update()

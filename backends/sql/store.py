@@ -11,7 +11,7 @@ from typing import NoReturn
 from sqlalchemy import ColumnElement, Connection, and_, select, update
 
 from backends.sql.changes import log_changes
-from backends.sql.dialect import insert_ignore
+from backends.sql.dialect import insert_if_absent
 from backends.sql.schema import Tables
 from consensus_api.backend import Target, TargetKind
 from consensus_api.errors import KeyExistsError, KeyNotFoundError, VersionConflictError
@@ -37,7 +37,7 @@ def put(conn: Connection, t: Tables, key: str, value: bytes) -> int:
     ).scalar()
     if revived is None:
         row = {"key": key, "parent": parent_of(key), "value": value, "version": 1, "deleted": False}
-        if conn.execute(insert_ignore(conn, t.kv, ["key"]).values(**row)).rowcount != 1:
+        if not insert_if_absent(conn, t.kv, ["key"], row):
             raise KeyExistsError(f"key {key!r} already exists")
         revived = 1
     _log_key(conn, t, key)
