@@ -67,7 +67,13 @@ say "fetching kafka $version jars into $libs (first time: about a minute)"
 mkdir -p "$CACHE/kafka-$version"
 tmp=$(mktemp -d "$CACHE/kafka-$version/libs.tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-mvn -q -B -Dstyle.color=never -f "$POM" dependency:copy-dependencies -DoutputDirectory="$tmp" -DincludeScope=runtime
+if ! mvn -q -B -f "$POM" dependency:copy-dependencies -DoutputDirectory="$tmp" -DincludeScope=runtime \
+        >"$tmp/mvn.log" 2>&1; then
+    tail -n 40 "$tmp/mvn.log"
+    say "maven failed to fetch the kafka jars"
+    exit 1
+fi
+rm -f "$tmp/mvn.log"
 [ -n "$(compgen -G "$tmp/kafka_2.13-$version.jar")" ] || { say "kafka_2.13-$version.jar was not fetched"; exit 1; }
 echo "$pom_sum" >"$tmp/.complete"
 rm -rf "$libs"

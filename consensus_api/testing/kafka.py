@@ -1,0 +1,171 @@
+"""Kafka test server: one KRaft node (broker + controller) from Maven Central jars.
+
+The jars come from ``kafka-pom.xml`` via ``scripts/install.sh`` into
+``<cache>/kafka-<version>/libs``. Settings favour tests: no topic
+auto-creation, no initial rebalance delay, 1 s minimum group session,
+replication factor 1 and one partition for internal topics, and a 3 s broker
+session so a restart after kill -9 re-registers within seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import socket
+import tempfile
+import uuid
+from pathlib import Path
+
+from consensus_api.testing._process import (
+    HOST,
+    ServerHandle,
+    cache_dir,
+    free_port,
+    java_binary,
+    launch,
+    run_checked,
+)
+
+START_TIMEOUT = 90.0
+POM = Path(__file__).with_name("kafka-pom.xml")
+# C1 only (TieredStopAtLevel=1) starts the broker ~1 s faster on 2 cores; tests do not need C2's peak speed.
+BROKER_JVM = (
+    "-Xms512m",
+    "-Xmx512m",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:TieredStopAtLevel=1",
+    "-Djava.awt.headless=true",
+)
+TOOL_JVM = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+LOG4J2 = """\
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+"""
+
+
+def kafka_version() -> str:
+    """The Kafka version pinned in ``kafka-pom.xml``."""
+    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", POM.read_text())
+    if match is None:
+        raise RuntimeError(f"no <kafka.version> in {POM}")
+    return match.group(1)
+
+
+def libs_dir() -> Path:
+    """The dir holding the broker jars; RuntimeError naming scripts/install.sh when it is not complete."""
+    libs = cache_dir() / f"kafka-{kafka_version()}" / "libs"
+    if not (libs / ".complete").is_file():
+        raise RuntimeError(f"Kafka jars not found in {libs}: run scripts/install.sh")
+    return libs
+
+
+def _server_properties(directory: Path, broker: int, controller: int) -> str:
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.bootstrap.servers": f"{HOST}:{controller}",
+        "listeners": f"PLAINTEXT://{HOST}:{broker},CONTROLLER://{HOST}:{controller}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{broker},CONTROLLER://{HOST}:{controller}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(directory / "data"),
+        "num.partitions": "1",
+        "default.replication.factor": "1",
+        "offsets.topic.replication.factor": "1",
+        "offsets.topic.num.partitions": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        # After a kill -9 the old registration blocks re-registration until its session expires.
+        "broker.session.timeout.ms": "3000",
+        "broker.heartbeat.interval.ms": "500",
+        "group.initial.rebalance.delay.ms": "0",
+        "group.min.session.timeout.ms": "1000",
+        "num.network.threads": "2",
+        "num.io.threads": "2",
+        "num.recovery.threads.per.data.dir": "1",
+        "log.cleaner.dedupe.buffer.size": "2097152",
+        "auto.create.topics.enable": "false",
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def _cluster_id() -> str:
+    """A random Kafka cluster id; like Kafka's own, never starting with '-' (the CLI would read an option)."""
+    while (cid := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return cid
+
+
+def _probe(port: int) -> bool:
+    """Ready when a client can bootstrap and the broker lists itself."""
+    try:
+        socket.create_connection((HOST, port), timeout=1).close()
+    except OSError:
+        return False  # not listening yet: skip the costlier client bootstrap
+    from kafka.admin import KafkaAdminClient  # noqa: PLC0415 - only needed once a server is started
+    from kafka.errors import KafkaError  # noqa: PLC0415
+
+    try:
+        admin = KafkaAdminClient(
+            bootstrap_servers=f"{HOST}:{port}", bootstrap_timeout_ms=2000, request_timeout_ms=2000
+        )
+    except KafkaError:
+        return False
+    try:
+        return bool(admin.describe_cluster().get("brokers"))
+    except KafkaError:
+        return False
+    finally:
+        admin.close()
+
+
+def start(workdir: Path | None = None) -> ServerHandle:
+    """Format and start a fresh single-node KRaft Kafka on free loopback ports.
+
+    Returns once a client can bootstrap; RuntimeError naming scripts/install.sh when the jars are missing.
+    """
+    java = java_binary()
+    classpath = str(libs_dir() / "*")
+    directory = Path(tempfile.mkdtemp(prefix="kafka-", dir=workdir))
+    broker, controller = free_port(), free_port()
+    config, log4j = directory / "server.properties", directory / "log4j2.properties"
+    config.write_text(_server_properties(directory, broker, controller))
+    log4j.write_text(LOG4J2)
+    common = [f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+    handle = ServerHandle(
+        "kafka",
+        f"kafka://{HOST}:{broker}",
+        broker,
+        directory,
+        command=[java, *BROKER_JVM, *common, "kafka.Kafka", str(config)],
+        probe=lambda: _probe(broker),
+    )
+    cluster_id = _cluster_id()
+    try:
+        format_command = [
+            java,
+            *TOOL_JVM,
+            *common,
+            "kafka.tools.StorageTool",
+            "format",
+            "--standalone",
+            "-t",
+            cluster_id,
+            "-c",
+            str(config),
+        ]
+        run_checked(format_command, handle.log_path, "formatting Kafka storage", timeout=60)
+    except BaseException:
+        handle.stop()
+        raise
+    return launch(handle, START_TIMEOUT)

@@ -1,0 +1,252 @@
+"""Real servers from consensus_api.testing, driven by real clients (no mocks)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import psycopg
+import pyetcd
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.admin import KafkaAdminClient
+from kafka.errors import KafkaError
+from kazoo.client import KazooClient
+from kazoo.protocol.states import KazooState
+
+from consensus_api.testing import SERVER_NAMES, ServerHandle, expire_zookeeper_session, start_server
+from consensus_api.testing._process import launch, tcp_request
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _eventually(check: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def _stop_and_check(server: ServerHandle) -> None:
+    """stop() leaves no process of the server and removes its dir; a second stop() is a no-op."""
+    pids = [server.pid, *(p.pid for p in psutil.Process(server.pid).children(recursive=True))]
+    server.stop()
+    assert all(_gone(pid) for pid in pids)
+    assert not server.directory.exists()
+    server.stop()
+
+
+def _kill_and_check(server: ServerHandle) -> None:
+    pid = server.pid
+    server.kill()
+    assert _gone(pid)
+    assert server.directory.exists()
+
+
+@pytest.fixture
+def started() -> Iterator[Callable[..., ServerHandle]]:
+    """Start servers for one test; stops whatever the test did not."""
+    servers: list[ServerHandle] = []
+
+    def start(name: str, workdir: Path | None = None) -> ServerHandle:
+        servers.append(start_server(name, workdir))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def test_names_and_unknown_server() -> None:
+    assert SERVER_NAMES == ("postgresql", "zookeeper", "etcd", "kafka")
+    with pytest.raises(ValueError, match="unknown server"):
+        start_server("mysql")
+
+
+def test_failed_start_raises_with_log_tail_and_cleans_up(tmp_path: Path) -> None:
+    crashing = ServerHandle(
+        "crash",
+        "crash://",
+        1,
+        tmp_path / "crash",
+        command=["sh", "-c", "echo boom; exit 3"],
+        probe=lambda: False,
+    )
+    crashing.directory.mkdir()
+    with pytest.raises(RuntimeError, match=r"(?s)exited \(code 3\).*boom"):
+        launch(crashing, 5)
+    assert not crashing.directory.exists()
+
+    pids: list[int] = []
+
+    def never_ready() -> bool:
+        pids.append(hanging.pid)
+        return False
+
+    hanging = ServerHandle(
+        "hang",
+        "hang://",
+        1,
+        tmp_path / "hang",
+        command=["sh", "-c", "echo waiting; exec sleep 60"],
+        probe=never_ready,
+    )
+    hanging.directory.mkdir()
+    with pytest.raises(RuntimeError, match=r"(?s)not ready after 0.5s.*waiting"):
+        launch(hanging, 0.5)
+    assert pids
+    assert _gone(pids[0])
+    assert not hanging.directory.exists()
+
+
+def test_postgresql(started: Callable[..., ServerHandle], tmp_path: Path) -> None:
+    server = started("postgresql", tmp_path)
+    assert server.url == f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/postgres"
+    assert server.directory.parent == tmp_path
+    dsn = f"host={server.host} port={server.port} user=postgres dbname=postgres connect_timeout=2"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+        conn.execute("create table t (k text primary key)")
+        conn.execute("insert into t values ('kept')")
+
+    _kill_and_check(server)
+    server.restart()
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("select k from t").fetchall() == [("kept",)]
+
+    server.pause()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(dsn).close()
+    server.resume()
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("select count(*) from t").fetchone() == (1,)
+    _stop_and_check(server)
+
+
+def test_zookeeper(started: Callable[..., ServerHandle]) -> None:
+    server = started("zookeeper")
+    hosts = f"{server.host}:{server.port}"
+    assert server.url == f"zookeeper://{hosts}"
+    client = KazooClient(hosts=hosts, timeout=4.0)
+    client.start(timeout=10)
+    try:
+        client.create("/kept", b"v1")
+        assert client.get("/kept")[0] == b"v1"
+    finally:
+        client.stop()
+        client.close()
+
+    _kill_and_check(server)
+    server.restart()
+    server.pause()
+    assert tcp_request(server.port, b"srvr", timeout=1.0) == b""
+    server.resume()
+    client = KazooClient(hosts=hosts, timeout=4.0)
+    client.start(timeout=10)
+    try:
+        assert client.get("/kept")[0] == b"v1"
+    finally:
+        client.stop()
+        client.close()
+    _stop_and_check(server)
+
+
+def test_zookeeper_real_session_expiry(started: Callable[..., ServerHandle]) -> None:
+    server = started("zookeeper")
+    hosts = f"{server.host}:{server.port}"
+    victim, observer = KazooClient(hosts=hosts, timeout=4.0), KazooClient(hosts=hosts, timeout=4.0)
+    states: list[str] = []
+    victim.add_listener(states.append)
+    victim.start(timeout=10)
+    observer.start(timeout=10)
+    try:
+        victim.create("/eph", b"", ephemeral=True)
+        old_session = victim.client_id[0]
+        expire_zookeeper_session(hosts, *victim.client_id)
+        _eventually(lambda: observer.exists("/eph") is None, timeout=3)
+        _eventually(lambda: KazooState.LOST in states)
+        _eventually(lambda: victim.connected and victim.client_id[0] != old_session)
+    finally:
+        for client in (victim, observer):
+            client.stop()
+            client.close()
+
+
+def test_etcd(started: Callable[..., ServerHandle]) -> None:
+    server = started("etcd")
+    assert server.url == f"etcd://{server.host}:{server.port}"
+
+    def client() -> pyetcd.MultiEndpointEtcd3Client:
+        endpoint = pyetcd.Endpoint(server.host, server.port, secure=False, time_retry=0.5)
+        return pyetcd.MultiEndpointEtcd3Client(endpoints=[endpoint], timeout=5)
+
+    def range_responds() -> bool:
+        request = urllib.request.Request(
+            f"http://{server.host}:{server.port}/v3/kv/range", data=json.dumps({"key": "Zm9v"}).encode()
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=1):
+                return True
+        except (urllib.error.URLError, OSError):
+            return False
+
+    etcd = client()
+    etcd.put("/kept", "v1")
+    assert etcd.get("/kept")[0] == b"v1"
+    etcd.close()
+
+    _kill_and_check(server)
+    server.restart()
+    server.pause()
+    assert not range_responds()
+    server.resume()
+    etcd = client()
+    assert etcd.get("/kept")[0] == b"v1"
+    etcd.close()
+    _stop_and_check(server)
+
+
+def test_kafka(started: Callable[..., ServerHandle]) -> None:
+    server = started("kafka")
+    bootstrap = f"{server.host}:{server.port}"
+    assert server.url == f"kafka://{bootstrap}"
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    with KafkaAdminClient(bootstrap_servers=bootstrap) as admin:
+        admin.create_topics({topic: {"num_partitions": 1, "replication_factor": 1}}, wait_for_metadata=True)
+        assert topic in admin.list_topics()
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    producer.send(topic, b"kept").get(timeout=10)
+    producer.close()
+
+    _kill_and_check(server)
+    server.restart()
+    server.pause()
+    with pytest.raises(KafkaError):
+        KafkaAdminClient(bootstrap_servers=bootstrap, bootstrap_timeout_ms=1000, request_timeout_ms=1000)
+    server.resume()
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=15000
+    )
+    try:
+        assert next(iter(consumer)).value == b"kept"
+    finally:
+        consumer.close()
+    _stop_and_check(server)
+
+
+def test_kafka_without_jars_names_the_installer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CONSENSUS_CACHE", str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"scripts/install\.sh"):
+        start_server("kafka", tmp_path)
+    assert list(tmp_path.iterdir()) == []
