@@ -1,0 +1,39 @@
+"""The ``consensus`` command: storage, listeners, membership, elections, conformance, servers, demo.
+
+Exit codes: 0 ok, 1 a contract failure, 2 a usage or configuration error
+(see ``consensus_api.cli._common``).
+"""
+
+from __future__ import annotations
+
+import click
+
+from consensus_api.cli._common import ConsensusGroup
+from consensus_api.cli.conformance import conformance
+from consensus_api.cli.demo import demo
+from consensus_api.cli.info import leader, members
+from consensus_api.cli.kv import kv
+from consensus_api.cli.servers import servers
+from consensus_api.cli.watch import watch
+
+__all__ = ["cli", "main"]
+
+
+@click.group(cls=ConsensusGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="consensus-api", prog_name="consensus")
+def cli() -> None:
+    """One API for coordination over ZooKeeper, etcd, Kafka and SQL.
+
+    Every command takes --url (default: $CONSENSUS_URL, then consensus.toml,
+    then sqlite:///consensus.db). Exit status: 0 ok, 1 contract failure,
+    2 usage or configuration error.
+    """
+
+
+for _command in (kv, watch, members, leader, conformance, servers, demo):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli()

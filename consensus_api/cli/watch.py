@@ -1,0 +1,70 @@
+"""``consensus watch``: print the events of a key or a namespace (SPEC section 5)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+
+import click
+
+from consensus_api.cli._common import as_json, describe, open_session, url_option
+from consensus_api.model import KeySetChanged, ValueChanged
+
+
+@click.command("watch")
+@click.argument("key", required=False)
+@click.option(
+    "--namespace",
+    "-n",
+    metavar="NS",
+    default=None,
+    help="Watch the key set one level below NS instead of a key ('' is the root).",
+)
+@click.option("--count", "-c", type=click.IntRange(min=1), default=None, help="Exit after N events.")
+@click.option(
+    "--timeout",
+    "-t",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Exit (status 0) after S seconds.",
+)
+@click.option("--json", "as_json_lines", is_flag=True, help="One JSON object per event.")
+@url_option
+def watch(
+    *,
+    key: str | None,
+    namespace: str | None,
+    count: int | None,
+    timeout: float | None,
+    as_json_lines: bool,
+    url: str | None,
+) -> None:
+    """Print every change of KEY (or of the keys below --namespace) as a line.
+
+    The first line is the current state. Runs until Ctrl-C, --count events or --timeout.
+    """
+    if (key is None) == (namespace is None):
+        raise click.UsageError("give either KEY or --namespace NS (not both)")
+    events: queue.Queue[ValueChanged | KeySetChanged] = queue.Queue()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    seen = 0
+    with open_session(url) as session:
+        if key is not None:
+            session.listeners.add_value_listener(key, events.put)
+        else:
+            session.listeners.add_keyset_listener(namespace or "", events.put)
+        try:
+            while count is None or seen < count:
+                wait = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+                if wait <= 0:
+                    break
+                try:
+                    event = events.get(timeout=wait)
+                except queue.Empty:
+                    continue
+                line = json.dumps(as_json(event), ensure_ascii=False) if as_json_lines else describe(event)
+                click.echo(line)
+                seen += 1
+        except KeyboardInterrupt:
+            pass
