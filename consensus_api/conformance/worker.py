@@ -1,0 +1,332 @@
+"""A child process for multi-process conformance tests, and the parent's handle on it.
+
+Child side::
+
+    python -m consensus_api.conformance.worker URL COMMAND ARGS... [--opt NAME=VALUE]... [--lifetime S]
+
+``URL`` may be ``-`` to read it from ``$CONSENSUS_URL`` (keeps credentials off
+the command line). The child talks to its parent in lines: it reads commands
+on stdin and writes reports on stdout. Every wait is bounded: the child exits
+on its own after ``--lifetime`` seconds or when its stdin closes.
+
+Commands:
+
+``put KEY``
+    connect, print ``READY``, wait for ``GO``, ``put`` KEY and print
+    ``RESULT won <version>``, ``RESULT exists`` or ``RESULT error <class> <message>``.
+``cas KEY COUNT``
+    connect, print ``READY``, wait for ``GO``, then increment the decimal
+    counter in KEY COUNT times (fetch, update with version, retry on
+    ``VersionConflictError``) and print ``RESULT done <conflicts>``.
+``hold --group G --member M --service S --candidate C``
+    connect, report every state change (``STATE <NAME>``) and every leader
+    change (``LEADER <id or -> <term or ->``), join G as M, nominate C, and
+    print ``READY leads|follows <term or ->``. Then serve stdin lines:
+    ``FENCED_PUT KEY`` (a put fenced by the leadership held at READY:
+    ``FENCED_PUT ok <version>``, ``FENCED_PUT fenced`` or
+    ``FENCED_PUT error <class>``) and ``EXIT`` (close, print ``BYE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+from consensus_api import (
+    ConsensusError,
+    FencedError,
+    KeyExistsError,
+    LeaderChanged,
+    Leadership,
+    SessionState,
+    VersionConflictError,
+    connect,
+)
+from consensus_api.conformance.helpers import EVENT_TIMEOUT, EventLog
+from consensus_api.session import Session
+
+EOF_LINE = "<eof>"
+
+_print_lock = threading.Lock()
+
+
+def emit(*parts: object) -> None:
+    """Write one report line to the parent."""
+    line = " ".join(str(part).replace("\n", " ") for part in parts)
+    with _print_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+class _Commands:
+    """Lines from stdin, read by a daemon thread; ``None`` once stdin closed or time ran out."""
+
+    def __init__(self, deadline: float) -> None:
+        self._deadline = deadline
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, name="worker-stdin", daemon=True).start()
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            self._lines.put(line.strip())
+        self._lines.put(None)
+
+    def next(self) -> str | None:
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        try:
+            return self._lines.get(timeout=remaining)
+        except queue.Empty:
+            return None
+
+    def wait_go(self) -> bool:
+        while (line := self.next()) is not None:
+            if line == "GO":
+                return True
+        return False
+
+
+def _run_put(session: Session, commands: _Commands, key: str) -> int:
+    emit("READY")
+    if not commands.wait_go():
+        emit("RESULT error Timeout no GO")
+        return 2
+    try:
+        version = session.storage.put(key, str(os.getpid()).encode())
+    except KeyExistsError:
+        emit("RESULT exists")
+    except ConsensusError as exc:
+        emit("RESULT error", type(exc).__name__, exc)
+    else:
+        emit("RESULT won", version)
+    return 0
+
+
+def _run_cas(session: Session, commands: _Commands, key: str, count: int, deadline: float) -> int:
+    emit("READY")
+    if not commands.wait_go():
+        emit("RESULT error Timeout no GO")
+        return 2
+    conflicts = 0
+    try:
+        for _ in range(count):
+            while True:
+                if time.monotonic() > deadline:
+                    emit("RESULT error Timeout increments not done")
+                    return 2
+                current = session.storage.fetch(key)
+                if current is None:
+                    emit("RESULT error KeyNotFound the counter is missing")
+                    return 2
+                try:
+                    session.storage.update(key, str(int(current.value) + 1).encode(), version=current.version)
+                    break
+                except VersionConflictError:
+                    conflicts += 1
+    except ConsensusError as exc:
+        emit("RESULT error", type(exc).__name__, exc)
+        return 2
+    emit("RESULT done", conflicts)
+    return 0
+
+
+def _run_hold(session: Session, commands: _Commands, args: argparse.Namespace) -> int:
+    leading = threading.Event()
+
+    def on_leader(event: LeaderChanged) -> None:
+        emit("LEADER", event.leader_id or "-", "-" if event.term is None else event.term)
+        if event.leader_id == args.candidate:
+            leading.set()
+
+    def on_state(state: SessionState) -> None:
+        emit("STATE", state.name)
+
+    session.add_state_listener(on_state)
+    election = session.election(args.service)
+    election.add_listener(on_leader)
+    session.group(args.group).join(args.member, b"child")
+    leads = election.nominate(args.candidate)
+    held: Leadership | None = election.leadership() if leads else None
+    if leads and not leading.wait(EVENT_TIMEOUT):
+        emit("ERROR Timeout the election listener never reported this candidate as leader")
+        return 2
+    emit("READY", "leads" if leads else "follows", held.term if held else "-")
+    while (line := commands.next()) is not None:
+        command, _, argument = line.partition(" ")
+        if command == "EXIT":
+            break
+        if command == "FENCED_PUT":
+            try:
+                version = session.storage.put(argument, b"fenced", fence=held)
+            except FencedError:
+                emit("FENCED_PUT fenced")
+            except ConsensusError as exc:
+                emit("FENCED_PUT error", type(exc).__name__)
+            else:
+                emit("FENCED_PUT ok", version)
+        else:
+            emit("ERROR unknown command", command)
+    session.close()
+    emit("BYE")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--opt", action="append", default=[], metavar="NAME=VALUE")
+    common.add_argument("--lifetime", type=float, default=120.0)
+    parser = argparse.ArgumentParser(prog="python -m consensus_api.conformance.worker")
+    parser.add_argument("url")
+    commands = parser.add_subparsers(dest="command", required=True)
+    put = commands.add_parser("put", parents=[common])
+    put.add_argument("key")
+    cas = commands.add_parser("cas", parents=[common])
+    cas.add_argument("key")
+    cas.add_argument("count", type=int)
+    hold = commands.add_parser("hold", parents=[common])
+    for name in ("group", "member", "service", "candidate"):
+        hold.add_argument(f"--{name}", required=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one worker command; the exit code is 0 when it completed."""
+    args = _parser().parse_args(argv)
+    deadline = time.monotonic() + args.lifetime
+    # The watchdog: whatever happens, the child does not outlive its lifetime.
+    watchdog = threading.Timer(args.lifetime + 5, lambda: os._exit(3))
+    watchdog.daemon = True
+    watchdog.start()
+    url = os.environ.get("CONSENSUS_URL", "") if args.url == "-" else args.url
+    options = dict(item.partition("=")[::2] for item in args.opt)
+    commands = _Commands(deadline)
+    try:
+        session = connect(url, **options)
+    except ConsensusError as exc:
+        emit("ERROR", type(exc).__name__, exc)
+        return 1
+    try:
+        if args.command == "put":
+            return _run_put(session, commands, args.key)
+        if args.command == "cas":
+            return _run_cas(session, commands, args.key, args.count, deadline)
+        return _run_hold(session, commands, args)
+    except ConsensusError as exc:
+        emit("ERROR", type(exc).__name__, exc)
+        return 1
+    finally:
+        session.close()
+
+
+class WorkerProcess:
+    """The parent's handle on one child worker: its report lines, signals and teardown."""
+
+    def __init__(
+        self,
+        url: str,
+        command: str,
+        args: Sequence[str],
+        options: Mapping[str, object],
+        lifetime: float = 120.0,
+    ) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "consensus_api.conformance.worker",
+            "-",
+            command,
+            *args,
+            "--lifetime",
+            str(lifetime),
+        ]
+        for name, value in options.items():
+            argv += ["--opt", f"{name}={value}"]
+        self.command = command
+        self.lines: EventLog[str] = EventLog(f"worker {command}")
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            bufsize=1,
+            env={**os.environ, "CONSENSUS_URL": url},
+        )
+        self._reader = threading.Thread(target=self._read, name="worker-reader", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        return self.proc.pid
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines(line.rstrip("\n"))
+        self.lines(EOF_LINE)
+
+    def stderr_tail(self, limit: int = 3000) -> str:
+        """The end of what the child wrote to stderr."""
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-limit:]
+
+    def expect(self, prefix: str, timeout: float = EVENT_TIMEOUT, *, since: int = 0) -> tuple[int, str]:
+        """The index and text of the first line at ``since`` or later that starts with ``prefix``."""
+        try:
+            index = self.lines.wait_index(
+                lambda line: line.startswith(prefix) or line == EOF_LINE,
+                timeout,
+                since=since,
+                what=f"a line starting with {prefix!r}",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nchild stderr:\n{self.stderr_tail()}") from None
+        line = self.lines.events[index]
+        if line == EOF_LINE:
+            self.proc.wait(5)
+            raise AssertionError(
+                f"worker {self.command} exited ({self.proc.returncode}) before printing {prefix!r}; "
+                f"lines: {self.lines.events}\nchild stderr:\n{self.stderr_tail()}"
+            )
+        return index, line
+
+    def send(self, line: str) -> None:
+        """Write one command line to the child."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def signal(self, signum: signal.Signals) -> None:
+        """Send ``signum`` (SIGSTOP, SIGCONT, SIGKILL, ...) to the child, by pid."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
+
+    def close(self) -> None:
+        """Kill the child if it still runs, and reap it."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(10)
+            self._reader.join(5)
+        finally:
+            for stream in (self.proc.stdin, self.proc.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+            self._stderr.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
