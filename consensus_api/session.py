@@ -83,15 +83,15 @@ class Session:
         self._joined: dict[tuple[str, str], bytes] = {}
         self._candidacies: set[tuple[str, str]] = set()
         self._dispatcher = Dispatcher(url.scheme)
-        self._backend = backend_class(url, settings, _Events(self))
-        self._hub = ListenerHub(self._dispatcher, self._read, self._backend.watch, self._backend.unwatch)
-        self.storage = Storage(self)
-        self.listeners = ListenerRegistry(self._hub)
         try:
+            self._backend = backend_class(url, settings, _Events(self))
+            self._hub = ListenerHub(self._dispatcher, self._read, self._backend.watch, self._backend.unwatch)
             self._backend.open()
         except BaseException:
             self._dispatcher.stop(0)
             raise
+        self.storage = Storage(self)
+        self.listeners = ListenerRegistry(self._hub)
 
     @property
     def backend(self) -> str:

@@ -1,0 +1,429 @@
+"""The Kafka backend against real Kafka 4.x KRaft brokers.
+
+Storage (racing conditional writes, versions, fencing in log order), group
+membership and election on the real group protocol (dead sessions, SIGKILLed
+processes, hand-over), session states across broker pauses and restarts, and
+the pure parts (state machine, record format, group-leader assignment).
+A "crash" closes a session's sockets without LeaveGroup, as a dying process would.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+
+import consensus_api as ca
+from backends.kafka import KafkaBackend
+from backends.kafka.protocol import Metadata, assign, decode_assignment, encode_metadata
+from backends.kafka.records import Command, Op, decode, encode
+from backends.kafka.settings import Secret
+from backends.kafka.state import Result, StateMachine
+from consensus_api.conformance.helpers import EventLog, wait_until
+from consensus_api.conformance.worker import WorkerProcess
+from consensus_api.testing import ServerHandle, start_server
+
+LOST, SUSPENDED, CONNECTED = ca.SessionState.LOST, ca.SessionState.SUSPENDED, ca.SessionState.CONNECTED
+SESSION_TIMEOUT = 3.0
+#: How late a dead session's member may leave: session timeout, one rebalance, the observer's poll.
+DEPARTURE_SLACK = 2.0
+
+
+# Fixtures and helpers
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerHandle]:
+    with start_server("kafka") as handle:
+        yield handle
+
+
+@pytest.fixture
+def url(server: ServerHandle) -> str:
+    """A fresh prefix (so a fresh command-log topic) per test."""
+    return f"{server.url}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def connect(url: str) -> Iterator[Any]:
+    sessions: list[ca.Session] = []
+
+    def factory(**options: Any) -> ca.Session:
+        session = ca.connect(url, **{"session_timeout": SESSION_TIMEOUT, **options})
+        sessions.append(session)
+        return session
+
+    yield factory
+    for session in sessions:
+        session.close()
+
+
+def crash(session: ca.Session) -> None:
+    """End ``session`` as a killed process would: sockets closed, no LeaveGroup, no lease vacated."""
+    backend = session._backend
+    assert isinstance(backend, KafkaBackend)
+    assert backend._driver is not None and backend._groups is not None
+    assert backend._log is not None and backend._channel is not None
+    backend._driver.stop(2)
+    for member in backend._groups.members():
+        member.stopping = True
+        member.client.close()
+    backend._groups._members.clear()
+    backend._log.close(2)
+    backend._channel.close()
+
+
+# Storage
+
+
+def race(*calls: Callable[[], object]) -> list[object]:
+    """Run ``calls`` at once, one thread each; their results, or the ``ConsensusError`` each raised."""
+    barrier = threading.Barrier(len(calls))
+    results: list[object] = [None] * len(calls)
+
+    def run(index: int) -> None:
+        barrier.wait()
+        try:
+            results[index] = calls[index]()
+        except ca.ConsensusError as exc:
+            results[index] = exc
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_racing_conditional_writes_have_one_winner_both_sessions_agree(connect: Any) -> None:
+    """Two sessions race update(version=v) on one key, 30 times: one wins each race, both read the same."""
+    first, second = connect(), connect()
+    version = first.storage.put("race/k", b"0")
+    for round_ in range(30):
+        values = (f"a{round_}".encode(), f"b{round_}".encode())
+        results = race(
+            partial(first.storage.update, "race/k", values[0], version=version),
+            partial(second.storage.update, "race/k", values[1], version=version),
+        )
+        winners = [index for index, result in enumerate(results) if isinstance(result, int)]
+        assert len(winners) == 1, results
+        [loser] = [result for result in results if not isinstance(result, int)]
+        assert isinstance(loser, ca.VersionConflictError)
+        version = int(results[winners[0]])  # type: ignore[call-overload]
+        expected = ca.Versioned(values[winners[0]], version)
+        assert first.storage.fetch("race/k") == expected == second.storage.fetch("race/k")
+
+
+def test_racing_puts_have_one_winner(connect: Any) -> None:
+    """Five sessions put one key at once: exactly one version, the others KeyExistsError."""
+    sessions = [connect() for _ in range(5)]
+    results = race(*(lambda s=s, i=i: s.storage.put("once", str(i).encode()) for i, s in enumerate(sessions)))
+    winners = [index for index, result in enumerate(results) if isinstance(result, int)]
+    assert len(winners) == 1, results
+    assert all(isinstance(result, ca.KeyExistsError) for result in results if not isinstance(result, int))
+    expected = ca.Versioned(str(winners[0]).encode(), int(results[winners[0]]))  # type: ignore[call-overload]
+    assert all(session.storage.fetch("once") == expected for session in sessions)
+
+
+def test_versions_increase_across_delete_and_recreate(connect: Any) -> None:
+    """Versions are log positions: they rise across updates, delete and re-create; old ones conflict."""
+    session, other = connect(), connect()
+    seen = [session.storage.put("v/k", b"1"), session.storage.update("v/k", b"2")]
+    session.storage.delete("v/k")
+    other.storage.put("v/unrelated", b"x")
+    seen.append(other.storage.put("v/k", b"3"))
+    assert seen == sorted(set(seen))
+    for stale in seen[:2]:
+        with pytest.raises(ca.VersionConflictError):
+            session.storage.update("v/k", b"stale", version=stale)
+    assert session.storage.fetch("v/k") == ca.Versioned(b"3", seen[-1])
+
+
+def test_fence_is_decided_in_log_order(connect: Any) -> None:
+    """A fence checked by a third session (no local knowledge of the candidacy): accepted while the
+    lease is current, rejected once the next leader's claim precedes the write in the log."""
+    leader, heir, writer = connect(), connect(), connect()
+    assert leader.election("svc").nominate("a") is True
+    assert heir.election("svc").nominate("b") is False
+    old = writer.election("svc").leadership()
+    assert old is not None and old.leader_id == "a"
+    assert writer.storage.put("f/before", b"ok", fence=old) > 0
+    leader.election("svc").resign("a")
+    new = writer.election("svc").leadership()
+    assert new is not None and new.leader_id == "b" and new.term > old.term
+    with pytest.raises(ca.FencedError):
+        writer.storage.put("f/after", b"late", fence=old)
+    assert writer.storage.fetch("f/after") is None
+    assert writer.storage.put("f/after", b"new leader", fence=new) > new.term
+
+
+def test_state_machine_orders_leases_and_fences() -> None:
+    """The pure state machine: a claim must name the term it replaces; fences match the lease in force."""
+    state = StateMachine()
+
+    def apply(offset: int, command: Command) -> Result:
+        return state.apply(offset, command)[0].result
+
+    first = ca.Leadership("s", "a", 1)
+    assert apply(0, Command(Op.LEAD, "s", candidate="a", member="m-a", term=0)) is Result.OK
+    assert apply(1, Command(Op.PUT, "k", b"1", fence=first)) is Result.OK
+    assert apply(2, Command(Op.LEAD, "s", candidate="c", member="m-c", term=0)) is Result.REJECTED
+    assert apply(3, Command(Op.LEAD, "s", candidate="b", member="m-b", term=1)) is Result.OK
+    assert apply(4, Command(Op.UPDATE, "k", b"2", fence=first)) is Result.FENCED
+    assert apply(5, Command(Op.UPDATE, "k", b"2", fence=ca.Leadership("s", "b", 4))) is Result.OK
+    assert apply(6, Command(Op.UNLEAD, "s", candidate="b", member="m-b", term=4)) is Result.OK
+    assert apply(7, Command(Op.DELETE, "k", fence=ca.Leadership("s", "b", 4))) is Result.FENCED
+    assert state.get("k") == ca.Versioned(b"2", 6)
+    assert apply(8, Command(Op.LEAD, "s", candidate="a", member="m-a2", term=4)) is Result.OK
+    assert state.lease("s").term == 9
+
+
+def test_record_round_trip_and_foreign_records_are_skipped() -> None:
+    command = Command(
+        Op.UPDATE, "ключ/🔑", b"\x00\xff", version=7, fence=ca.Leadership("s/x", "l", 3), origin=("sid", 5)
+    )
+    assert decode(*encode(command)) == command
+    assert decode([("op", b"put")], b"x") is None
+    assert decode([("ca", b"1"), ("op", b"bogus"), ("k", b"k")], b"") is None
+
+
+def test_big_values_and_a_new_reader_replays_the_log(connect: Any) -> None:
+    """A 1 MiB value round-trips, and a session opened later rebuilds the same state from the log."""
+    session = connect()
+    big = bytes(range(256)) * 4096
+    version = session.storage.put("big", big)
+    for index in range(20):
+        session.storage.put(f"many/{index}", str(index).encode())
+    late = connect()
+    assert late.storage.fetch("big") == ca.Versioned(big, version)
+    assert late.storage.keys("many") == {f"many/{index}" for index in range(20)}
+
+
+# Membership and election
+
+
+def test_crashed_members_session_leaves_for_an_observer_that_never_joined(connect: Any) -> None:
+    """A member whose session dies without LeaveGroup is gone for an observer within the bound."""
+    member, observer = connect(), connect()
+    member.group("workers").join("w1", b"data")
+    assert observer.group("workers").membership() == {"w1": b"data"}
+    started = time.monotonic()
+    crash(member)
+    wait_until(
+        lambda: "w1" not in observer.group("workers").members(),
+        SESSION_TIMEOUT + DEPARTURE_SLACK,
+        what="the crashed member is gone",
+        interval=0.02,
+    )
+    assert time.monotonic() - started >= SESSION_TIMEOUT * 0.8  # it was the session timeout, not a leave
+
+
+def test_sigkilled_process_leaves_the_group(url: str, connect: Any) -> None:
+    """A member in a SIGKILLed child process leaves within session_timeout plus slack."""
+    observer = connect()
+    child = WorkerProcess(
+        url,
+        "hold",
+        ["--group", "g", "--member", "child", "--service", "svc", "--candidate", "c"],
+        {"session_timeout": SESSION_TIMEOUT},
+    )
+    try:
+        child.expect("READY", 60)
+        assert "child" in observer.group("g").members()
+        child.signal(signal.SIGKILL)
+        started = time.monotonic()
+        wait_until(
+            lambda: "child" not in observer.group("g").members(),
+            SESSION_TIMEOUT + DEPARTURE_SLACK,
+            what="the killed child's member is gone",
+            interval=0.02,
+        )
+        wait_until(
+            lambda: observer.election("svc").leadership() is None,
+            SESSION_TIMEOUT + DEPARTURE_SLACK,
+            what="the killed child's candidacy is gone",
+            interval=0.02,
+        )
+        assert time.monotonic() - started < SESSION_TIMEOUT + DEPARTURE_SLACK
+    finally:
+        child.close()
+
+
+def test_close_leaves_at_once(connect: Any) -> None:
+    member, observer = connect(), connect()
+    member.group("g").join("m")
+    member.election("s").nominate("m")
+    started = time.monotonic()
+    member.close()
+    assert observer.group("g").members() == frozenset()
+    assert observer.election("s").leadership() is None
+    assert time.monotonic() - started < 2
+
+
+def test_crashed_leader_hands_over_with_a_higher_term(connect: Any) -> None:
+    """The next candidate takes over after the leader's session timeout; listeners see it."""
+    leader, heir, observer = connect(), connect(), connect()
+    assert leader.election("svc").nominate("a") is True
+    assert heir.election("svc").nominate("b") is False
+    before = observer.election("svc").leadership()
+    assert before is not None
+    log: EventLog[ca.LeaderChanged] = EventLog("leader")
+    observer.election("svc").add_listener(log)
+    log.wait_for(lambda event: event.leader_id == "a")
+    crash(leader)
+    after = log.wait_last(lambda event: event.leader_id == "b", SESSION_TIMEOUT + DEPARTURE_SLACK)
+    assert after.term is not None and after.term > before.term
+    assert [event.leader_id for event in log.events] == ["a", "b"]
+
+
+def test_leader_stays_while_candidates_come_and_go(connect: Any) -> None:
+    """Sticky: joins and departures of followers change neither the leader nor its term."""
+    leader = connect()
+    assert leader.election("svc").nominate("a") is True
+    first = leader.election("svc").leadership()
+    followers = [connect() for _ in range(3)]
+    for index, follower in enumerate(followers):
+        assert follower.election("svc").nominate(f"f{index}") is False
+    followers[1].election("svc").resign("f1")
+    crash(followers[2])
+    time.sleep(SESSION_TIMEOUT + 1)
+    assert followers[0].election("svc").leadership() == first
+
+
+def test_racing_duplicate_joins_leave_one_member(connect: Any) -> None:
+    """Four sessions join one id at once: the group leader accepts one, the others get MemberExistsError."""
+    sessions = [connect() for _ in range(4)]
+    results = race(
+        *(lambda s=s, i=i: s.group("g").join("same", str(i).encode()) for i, s in enumerate(sessions))
+    )
+    winners = [index for index, result in enumerate(results) if result is None]
+    assert len(winners) == 1, results
+    assert all(isinstance(result, ca.MemberExistsError) for result in results if result is not None)
+    assert sessions[0].group("g").membership() == {"same": str(winners[0]).encode()}
+
+
+def test_assignment_resolves_duplicates_and_keeps_the_queue() -> None:
+    """The group leader's decision: the earliest-accepted duplicate wins, the lease holder stays leader,
+    newcomers queue by join time, and the claim names the newest lease term."""
+
+    def meta(own_id: str, at: float, **extra: Any) -> bytes:
+        return encode_metadata(Metadata(own_id, at, **extra))
+
+    members = [
+        ("k1", meta("x", 5.0)),
+        ("k2", meta("x", 9.0, since=3)),
+        ("k3", meta("y", 1.0)),
+        ("k4", meta("z", 2.0, seen=3, queue=("k4", "k2"), lease=(17, "k2"))),
+    ]
+    result = decode_assignment(assign(4, members, (12, None), election=True)["k1"])
+    assert result is not None
+    assert result.members == {"k2": "x", "k3": "y", "k4": "z"} and result.rejected == ("k1",)
+    assert result.leader == "k2" and result.prev == 17
+    assert result.queue == ("k2", "k4", "k3")
+
+
+# Session liveness and faults (a broker of their own)
+
+
+@pytest.fixture
+def fault_server() -> Iterator[ServerHandle]:
+    with start_server("kafka") as handle:
+        yield handle
+
+
+def test_paused_broker_suspends_then_reconnects(fault_server: ServerHandle) -> None:
+    """A short broker pause: SUSPENDED then CONNECTED, nothing lost, the member still there."""
+    url = f"{fault_server.url}/pause"
+    with (
+        ca.connect(url, session_timeout=8, request_timeout=10) as session,
+        ca.connect(url, session_timeout=8) as observer,
+    ):
+        states: EventLog[ca.SessionState] = EventLog("states")
+        session.add_state_listener(states)
+        session.group("g").join("m")
+        session.storage.put("k", b"v")
+        fault_server.pause()
+        try:
+            states.wait_for(lambda state: state is SUSPENDED, 5)
+        finally:
+            fault_server.resume()
+        states.wait_for(lambda state: state is CONNECTED, 10)
+        assert LOST not in states.events
+        assert observer.group("g").members() == {"m"}
+        assert observer.storage.fetch("k") is not None
+
+
+def test_broker_restart_loses_the_session_then_rejoins(fault_server: ServerHandle) -> None:
+    """A restart longer than the session timeout: LOST (leaders told first), CONNECTED, re-joined;
+    the log survives and the old leadership is fenced out."""
+    url = f"{fault_server.url}/restart"
+    with ca.connect(url, session_timeout=2) as session, ca.connect(url, session_timeout=2) as observer:
+        states: EventLog[ca.SessionState] = EventLog("states")
+        leaders: EventLog[ca.LeaderChanged] = EventLog("leaders")
+        session.add_state_listener(states)
+        session.group("g").join("m", b"d")
+        assert session.election("s").nominate("c") is True
+        old = session.election("s").leadership()
+        session.election("s").add_listener(leaders)
+        leaders.wait_for(lambda event: event.leader_id == "c")
+        version = session.storage.put("k", b"v")
+        fault_server.kill()
+        time.sleep(3)
+        fault_server.restart(90)
+        states.wait_for(lambda state: state is LOST, 30)
+        states.wait_for(lambda state: state is CONNECTED, 60, since=states.events.index(LOST))
+        assert leaders.events.index(ca.LeaderChanged("s", None, None)) > 0
+        wait_until(lambda: observer.group("g").membership() == {"m": b"d"}, 30, what="the member re-joined")
+        new = wait_until(lambda: observer.election("s").leadership(), 30, what="a leader again")
+        assert old is not None and new.leader_id == "c" and new.term > old.term
+        with pytest.raises(ca.FencedError):
+            session.storage.put("late", b"x", fence=old)
+        assert observer.storage.fetch("k") == ca.Versioned(b"v", version)
+
+
+# Connection, options and credentials
+
+
+def test_unreachable_broker_raises_backend_unavailable_in_time() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(ca.BackendUnavailableError):
+        ca.connect(f"kafka://127.0.0.1:{port}/x", connect_timeout=1.5)
+    assert time.monotonic() - started < 4
+
+
+def test_credentials_never_appear_in_errors_reprs_or_logs(server: ServerHandle, caplog: Any) -> None:
+    """The broker has no SASL listener: the handshake fails; the password shows up nowhere."""
+    secret = "s3cr3t-" + uuid.uuid4().hex
+    caplog.set_level(logging.DEBUG)
+    url = server.url.replace("kafka://", f"kafka://alice:{secret}@") + "/cred"
+    with pytest.raises(ca.BackendUnavailableError) as raised:
+        ca.connect(url, connect_timeout=3)
+    assert secret not in str(raised.value) and secret not in repr(raised.value)
+    assert repr(Secret(secret)) == "'***'"
+    assert not [record for record in caplog.records if secret in record.getMessage()]
+
+
+@pytest.mark.parametrize(
+    ("url", "options"),
+    [
+        ("kafka:///prefix", {}),
+        ("kafka://127.0.0.1:9092/bad prefix!", {}),
+        ("kafka://127.0.0.1:9092/p", {"security_protocol": "SASL_SSL"}),
+        ("kafka://127.0.0.1:9092/p", {"sasl_mechanism": "GSSAPI"}),
+    ],
+)
+def test_bad_urls_and_options_raise_configuration_error(url: str, options: dict[str, Any]) -> None:
+    with pytest.raises(ca.ConfigurationError):
+        ca.connect(url, **options)
