@@ -1,9 +1,9 @@
 """consensus-api: one API for coordination over ZooKeeper, etcd, Kafka and SQL.
 
-    import consensus_api as ca
+import consensus_api as ca
 
-    with ca.connect("etcd://127.0.0.1:2379/myapp", session_timeout=10) as session:
-        session.storage.put("config/mode", b"fast")
+with ca.connect("etcd://127.0.0.1:2379/myapp", session_timeout=10) as session:
+    session.storage.put("config/mode", b"fast")
 """
 
 from consensus_api.election import LeaderElection

@@ -1,8 +1,10 @@
 """The session's dispatcher thread: the only thread that runs user callbacks.
 
 Guarantees: tasks run one at a time in submission order (delayed tasks when
-due); a task that raises is logged and does not stop the thread; ``stop``
-returns within its timeout.
+due), except that urgent tasks (session state changes) run before every
+ordinary task still waiting, in their own submission order; a task that
+raises is logged and does not stop the thread; ``stop`` returns within its
+timeout.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Dispatcher:
     def __init__(self, name: str) -> None:
         self._cond = threading.Condition()
         self._queue: deque[Task] = deque()
+        self._urgent: deque[Task] = deque()
         self._timers: list[tuple[float, int, Task]] = []
         self._sequence = itertools.count()
         self._stopping = False
@@ -37,6 +40,13 @@ class Dispatcher:
         with self._cond:
             if not self._stopping:
                 self._queue.append(task)
+                self._cond.notify()
+
+    def submit_urgent(self, task: Task) -> None:
+        """Run ``task`` on the dispatcher thread before the ordinary tasks still waiting."""
+        with self._cond:
+            if not self._stopping:
+                self._urgent.append(task)
                 self._cond.notify()
 
     def submit_later(self, delay: float, task: Task) -> None:
@@ -66,6 +76,8 @@ class Dispatcher:
                 now = time.monotonic()
                 while self._timers and self._timers[0][0] <= now:
                     self._queue.append(heapq.heappop(self._timers)[2])
+                if self._urgent:
+                    return self._urgent.popleft()
                 if self._queue:
                     return self._queue.popleft()
                 if self._stopping:

@@ -87,8 +87,7 @@ def _check_segment(segment: str, key: str, what: str) -> None:
         raise InvalidKeyError(f"{what} {key!r} has a {segment!r} segment")
     if len(segment) > MAX_SEGMENT_CHARS:
         raise InvalidKeyError(
-            f"{what} {key!r} has a segment of {len(segment)} characters; "
-            f"the limit is {MAX_SEGMENT_CHARS}"
+            f"{what} {key!r} has a segment of {len(segment)} characters; the limit is {MAX_SEGMENT_CHARS}"
         )
     for char in segment:
         if ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0:

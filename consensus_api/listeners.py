@@ -5,7 +5,9 @@ target on the dispatcher thread and gives every callback the state it has
 not seen yet. Because one thread reads each target in turn, events for a
 target are in order; because every hint is followed by a fresh read, the last
 event equals the stored state (convergence). Hints that arrive while a read
-is pending are coalesced into that read.
+is pending are coalesced into that read. While the session is not connected,
+reads wait for the resync that follows the reconnect instead of blocking the
+dispatcher thread on a backend that cannot answer.
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ class ListenerHub:
         read: Callable[[Target], Event],
         watch: Callable[[Target], None],
         unwatch: Callable[[Target], None],
+        connected: Callable[[], bool],
     ) -> None:
         self._dispatcher = dispatcher
+        self._connected = connected
         self._read = read
         self._watch = watch
         self._unwatch = unwatch
@@ -118,6 +122,8 @@ class ListenerHub:
             self._pending.discard(target)
             if target not in self._subscriptions:
                 return
+        if not self._connected():
+            return  # the resync after the reconnect reads it
         try:
             event = self._read(target)
         except ConsensusError as exc:

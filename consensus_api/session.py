@@ -85,7 +85,13 @@ class Session:
         self._dispatcher = Dispatcher(url.scheme)
         try:
             self._backend = backend_class(url, settings, _Events(self))
-            self._hub = ListenerHub(self._dispatcher, self._read, self._backend.watch, self._backend.unwatch)
+            self._hub = ListenerHub(
+                self._dispatcher,
+                self._read,
+                self._backend.watch,
+                self._backend.unwatch,
+                lambda: self._state is SessionState.CONNECTED,
+            )
             self._backend.open()
         except BaseException:
             self._dispatcher.stop(0)
@@ -210,7 +216,7 @@ class Session:
             if previous is SessionState.CLOSED or state is previous:
                 return
             self._state = state
-        self._dispatcher.submit(lambda: self._transition(previous, state))
+        self._dispatcher.submit_urgent(lambda: self._transition(previous, state))
 
     def _transition(self, previous: SessionState, state: SessionState) -> None:
         if state is SessionState.LOST:

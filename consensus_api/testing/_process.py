@@ -182,7 +182,7 @@ class ServerHandle:
         self._stop_signal = stop_signal
         self._stop_timeout = stop_timeout
         self._popen_kwargs = popen_kwargs or {}
-        self._executor: SimpleExecutor | None = None
+        self._executor: _SessionExecutor | None = None
         self._stopped = False
 
     def __repr__(self) -> str:
@@ -213,7 +213,7 @@ class ServerHandle:
         if self._executor is not None:
             self._executor.kill()  # reap a process that died on its own, and its leftovers
         with self.log_path.open("ab") as log:
-            self._executor = SimpleExecutor(
+            self._executor = _SessionExecutor(
                 self._command,
                 cwd=str(self.directory),
                 timeout=self._stop_timeout,
@@ -303,3 +303,19 @@ def launch(handle: ServerHandle, timeout: float) -> ServerHandle:
         handle.stop()
         raise
     return handle
+
+
+class _SessionExecutor(SimpleExecutor):
+    """A mirakuru executor that starts its process in a new session without ``preexec_fn``.
+
+    mirakuru's ``preexec_fn=os.setsid`` runs Python code between fork and exec,
+    which gRPC's fork handlers sometimes abort when grpc threads are running in
+    the test process; ``start_new_session`` does the same in C.
+    """
+
+    @property
+    def _popen_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = super()._popen_kwargs
+        kwargs.pop("preexec_fn", None)
+        kwargs["start_new_session"] = True
+        return kwargs

@@ -1,0 +1,55 @@
+"""Translating grpc errors into consensus_api errors; no message ever includes credentials."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from consensus_api.errors import (
+    ConfigurationError,
+    ConsensusError,
+    OperationTimeoutError,
+    SessionLostError,
+)
+
+Code = grpc.StatusCode
+
+#: grpc's UNAVAILABLE details when no connection could be made: the request was never sent.
+NOT_SENT = "failed to connect to all addresses"
+
+#: etcd's INVALID_ARGUMENT details for a missing token and for wrong credentials.
+_AUTH_FAILURES = ("user name is empty", "authentication failed")
+
+
+class CompactedError(ConsensusError):
+    """A read or watch asked for a revision that etcd has compacted away."""
+
+
+class AuthDisabledError(ConsensusError):
+    """etcd answered an authentication request with "authentication is not enabled"."""
+
+
+def interrupted(what: str) -> OperationTimeoutError:
+    """The error for a call cancelled because the session ran into trouble."""
+    return OperationTimeoutError(f"{what} was interrupted by connection trouble; its effect is unknown")
+
+
+def translate(exc: Any, what: str) -> ConsensusError:
+    """The consensus_api error for a grpc error; never includes credentials."""
+    code, details = exc.code(), exc.details() or ""
+    if code is Code.DEADLINE_EXCEEDED:
+        return OperationTimeoutError(f"etcd did not complete {what} in time; its effect is unknown")
+    if code is Code.UNAVAILABLE:
+        return OperationTimeoutError(f"lost the connection to etcd during {what}; its effect is unknown")
+    if code is Code.NOT_FOUND and "lease not found" in details:
+        return SessionLostError("the session's etcd lease is gone; the session is being re-established")
+    if code is Code.FAILED_PRECONDITION and "authentication is not enabled" in details:
+        return AuthDisabledError(details)
+    if code is Code.OUT_OF_RANGE:
+        return CompactedError(f"etcd compacted the revision {what} needed")
+    if code in (Code.PERMISSION_DENIED, Code.UNAUTHENTICATED) or any(
+        reason in details for reason in _AUTH_FAILURES
+    ):
+        return ConfigurationError(f"etcd refused {what}: {details}")
+    return ConsensusError(f"etcd failed {what}: {code.name}: {details}")
