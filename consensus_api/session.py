@@ -173,9 +173,11 @@ class Session:
         with self._lock:
             if (group, member_id) not in self._joined:
                 raise NotAMemberError(f"this session has no member {member_id!r} in group {group!r}")
-        backend.leave(group, member_id)
-        with self._lock:
-            self._joined.pop((group, member_id), None)
+        try:
+            backend.leave(group, member_id)
+        finally:
+            with self._lock:
+                self._joined.pop((group, member_id), None)
 
     def _nominate(self, service: str, candidate_id: str) -> bool:
         leads = self._backend_for_call().nominate(service, candidate_id)
@@ -188,9 +190,11 @@ class Session:
         with self._lock:
             if (service, candidate_id) not in self._candidacies:
                 raise NotAMemberError(f"this session has no candidate {candidate_id!r} for {service!r}")
-        backend.resign(service, candidate_id)
-        with self._lock:
-            self._candidacies.discard((service, candidate_id))
+        try:
+            backend.resign(service, candidate_id)
+        finally:
+            with self._lock:
+                self._candidacies.discard((service, candidate_id))
 
     # Reports from the backend and their handling on the dispatcher thread.
 
