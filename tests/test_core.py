@@ -165,32 +165,3 @@ def test_dispatcher_runs_in_order_on_one_thread_and_survives_errors() -> None:
     dispatcher.stop(5)
     assert [i for i, _ in seen] == list(range(5))
     assert {name for _, name in seen} == {"consensus-dispatch-test"}
-
-
-def test_public_names_are_importable_from_the_package() -> None:
-    """Every name of the SPEC is importable from consensus_api itself."""
-    for name in (
-        "connect",
-        "Session",
-        "SessionState",
-        "Versioned",
-        "Leadership",
-        "ValueChanged",
-        "KeySetChanged",
-        "MembershipChanged",
-        "LeaderChanged",
-        "ConsensusError",
-        "ConfigurationError",
-        "BackendUnavailableError",
-        "SessionLostError",
-        "KeyExistsError",
-        "KeyNotFoundError",
-        "VersionConflictError",
-        "MemberExistsError",
-        "NotAMemberError",
-        "FencedError",
-        "InvalidKeyError",
-        "ValueTooLargeError",
-        "OperationTimeoutError",
-    ):
-        assert hasattr(ca, name), name
