@@ -6,12 +6,22 @@ with ca.connect("etcd://127.0.0.1:2379/myapp", session_timeout=10) as session:
     session.storage.put("config/mode", b"fast")
 """
 
+from consensus_api.assignors import Assignor, Subscription
+from consensus_api.coordinator import (
+    Coordinator,
+    CoordinatorHandler,
+    Generation,
+    IncrementalCoordinator,
+    ResourceHandler,
+    ResourceListener,
+)
 from consensus_api.election import LeaderElection
 from consensus_api.errors import (
     BackendUnavailableError,
     ConfigurationError,
     ConsensusError,
     FencedError,
+    InconsistentGroupProtocolError,
     InvalidKeyError,
     InvalidTypeError,
     KeyExistsError,
@@ -39,12 +49,18 @@ from consensus_api.session import Session, connect
 from consensus_api.storage import Storage
 
 __all__ = [
+    "Assignor",
     "BackendUnavailableError",
     "ConfigurationError",
     "ConsensusError",
+    "Coordinator",
+    "CoordinatorHandler",
     "Event",
     "FencedError",
+    "Generation",
     "GroupMembership",
+    "InconsistentGroupProtocolError",
+    "IncrementalCoordinator",
     "InvalidKeyError",
     "InvalidTypeError",
     "KeyExistsError",
@@ -58,10 +74,13 @@ __all__ = [
     "MembershipChanged",
     "NotAMemberError",
     "OperationTimeoutError",
+    "ResourceHandler",
+    "ResourceListener",
     "Session",
     "SessionLostError",
     "SessionState",
     "Storage",
+    "Subscription",
     "ValueChanged",
     "ValueTooLargeError",
     "VersionConflictError",

@@ -18,6 +18,9 @@ Obligations of every backend:
   delete and re-create. Terms strictly increase across leaders of a service.
 * A fenced write checks, atomically with the write, that ``fence.term`` is
   the current term of ``fence.service``; otherwise it raises ``FencedError``.
+* A write that raises ``SessionLostError`` was not applied (one whose effect
+  is unknown raises ``OperationTimeoutError``); the core turns it into
+  ``FencedError`` for a fenced write whose candidacy this session held.
 * Members and candidates live exactly as long as the backend session. Before
   reporting ``SessionState.LOST`` the backend makes sure the old session's
   ephemeral state is gone or will be gone before any new session state is
@@ -32,12 +35,15 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from consensus_api.config import BackendURL, OptionParser, Options
 from consensus_api.model import Leadership, SessionState, Versioned
+
+if TYPE_CHECKING:
+    from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
 
 
 class TargetKind(enum.Enum):
@@ -65,6 +71,18 @@ class BackendEvents(Protocol):
 
     def changed(self, target: Target) -> None:
         """``target`` may have changed; the core will re-read it."""
+
+
+class Reader(Protocol):
+    """The reads behind listener events; every ``Backend`` is one."""
+
+    def fetch(self, key: str) -> Versioned | None: ...
+
+    def keys(self, namespace: str) -> frozenset[str]: ...
+
+    def membership(self, group: str) -> dict[str, bytes]: ...
+
+    def leadership(self, service: str) -> Leadership | None: ...
 
 
 class Backend(ABC):
@@ -113,6 +131,18 @@ class Backend(ABC):
     def keys(self, namespace: str) -> frozenset[str]:
         """The existing keys exactly one level below ``namespace`` (``""`` is the root)."""
 
+    @abstractmethod
+    def walk(self, namespace: str) -> Iterator[tuple[str, Versioned]]:
+        """Every live key at any depth below ``namespace`` (``""``: every key), with its value.
+
+        Read in pages, each bounded by ``request_timeout``, so no response holds
+        the whole tree. Not atomic: every pair yielded was the key's stored state
+        at some moment between the call and the yield (a linearizable read); no
+        key is yielded twice; a key that exists throughout is yielded; keys
+        written during the walk may or may not appear. ``namespace`` itself is
+        not yielded. Order is unspecified.
+        """
+
     # Group membership (SPEC section 6)
 
     @abstractmethod
@@ -153,3 +183,36 @@ class Backend(ABC):
     @abstractmethod
     def unwatch(self, target: Target) -> None:
         """Stop reporting changes of ``target``."""
+
+    def change_reader(self) -> Reader:
+        """What the core re-reads a target with after ``events.changed(target)``.
+
+        Such a read need not be linearizable: it must see at least the change
+        reported and never less than an earlier read of this session saw. The
+        first read after a listener is added and the reads after a reconnect
+        use the backend itself. Default: the backend itself.
+        """
+        return self
+
+    # Fault injection (tests only)
+
+    def fault_identity(self) -> Mapping[str, object]:
+        """What names this client's current session *on the server*, for fault-injection tests.
+
+        ``consensus_api.testing.faults.expire_session`` reads it to end the
+        session from the server side, as a real expiry would; nothing else
+        does. JSON-able values whose meaning is per backend (a ZooKeeper
+        session id and password, an etcd lease id, a SQL lease row, Kafka
+        group member ids); empty for a backend without server-side sessions.
+        Not part of the public API.
+        """
+        return {}
+
+    # Coordinator (SPEC section 8)
+
+    def coordinator_engine(
+        self, group: str, protocol_type: str, host: EngineHost, rebalance_timeout: float
+    ) -> CoordinatorEngine | None:
+        """A backend-native engine for one Coordinator member, or None (the default) for the
+        generic engine built on the operations above. Must not block on the network."""
+        return None

@@ -61,3 +61,10 @@ class ValueTooLargeError(ConsensusError, ValueError):
 
 class InvalidTypeError(ConsensusError, TypeError):
     """An argument has the wrong type (a key that is not ``str``, a value that is not ``bytes``)."""
+
+
+class InconsistentGroupProtocolError(ConsensusError):
+    """A coordinator shares no protocol (or protocol type) with the members of its group.
+
+    Raised to the joiner only; the group it tried to join is not disturbed.
+    """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from consensus_api.errors import InvalidKeyError, InvalidTypeError, ValueTooLargeError
@@ -10,6 +11,7 @@ MAX_KEY_BYTES = 1024
 MAX_SEGMENT_CHARS = 255
 MAX_VALUE_BYTES = 1024 * 1024
 SEPARATOR = "/"
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def check_key(key: Any, what: str = "key") -> str:
@@ -89,6 +91,6 @@ def _check_segment(segment: str, key: str, what: str) -> None:
         raise InvalidKeyError(
             f"{what} {key!r} has a segment of {len(segment)} characters; the limit is {MAX_SEGMENT_CHARS}"
         )
-    for char in segment:
-        if ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0:
-            raise InvalidKeyError(f"{what} {key!r} contains the control character {char!r}")
+    control = _CONTROL.search(segment)
+    if control is not None:
+        raise InvalidKeyError(f"{what} {key!r} contains the control character {control[0]!r}")

@@ -7,7 +7,9 @@ target are in order; because every hint is followed by a fresh read, the last
 event equals the stored state (convergence). Hints that arrive while a read
 is pending are coalesced into that read. While the session is not connected,
 reads wait for the resync that follows the reconnect instead of blocking the
-dispatcher thread on a backend that cannot answer.
+dispatcher thread on a backend that cannot answer. The first read after a
+listener is added and the reads of a resync are linearizable (``strict``);
+the re-read after a hint may use the backend's ``change_reader``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class ListenerHub:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        read: Callable[[Target], Event],
+        read: Callable[[Target, bool], Event],
         watch: Callable[[Target], None],
         unwatch: Callable[[Target], None],
         connected: Callable[[], bool],
@@ -62,6 +64,7 @@ class ListenerHub:
         self._lock = threading.RLock()
         self._subscriptions: dict[Target, _Subscription] = {}
         self._pending: set[Target] = set()
+        self._strict: set[Target] = set()
 
     def add(self, target: Target, callback: Callback) -> None:
         """Register ``callback``; its first event reports the current state."""
@@ -75,7 +78,7 @@ class ListenerHub:
             if any(entry.callback == callback for entry in subscription.listeners):
                 return
             subscription.listeners.append(_Listener(callback))
-        self.changed(target)
+        self._request(target, strict=True)
 
     def remove(self, target: Target, callback: Callback) -> None:
         """Unregister ``callback``; unknown callbacks are ignored."""
@@ -95,16 +98,23 @@ class ListenerHub:
 
     def changed(self, target: Target) -> None:
         """Schedule a re-read of ``target``; coalesces with a pending one. Any thread."""
+        self._request(target, strict=False)
+
+    def resync(self) -> None:
+        """Re-read every watched target linearizably (after a reconnect or session loss)."""
+        for target in self.targets():
+            self._request(target, strict=True)
+
+    def _request(self, target: Target, *, strict: bool) -> None:
         with self._lock:
-            if target not in self._subscriptions or target in self._pending:
+            if target not in self._subscriptions:
+                return
+            if strict:
+                self._strict.add(target)
+            if target in self._pending:
                 return
             self._pending.add(target)
         self._dispatcher.submit(lambda: self._refresh(target))
-
-    def resync(self) -> None:
-        """Re-read every watched target (after a reconnect or session loss)."""
-        for target in self.targets():
-            self.changed(target)
 
     def announce_leader_lost(self, service: str, candidates: set[str]) -> None:
         """On the dispatcher thread: tell listeners who last saw one of ``candidates`` lead
@@ -120,15 +130,17 @@ class ListenerHub:
     def _refresh(self, target: Target) -> None:
         with self._lock:
             self._pending.discard(target)
+            strict = target in self._strict
+            self._strict.discard(target)
             if target not in self._subscriptions:
                 return
         if not self._connected():
             return  # the resync after the reconnect reads it
         try:
-            event = self._read(target)
+            event = self._read(target, strict)
         except ConsensusError as exc:
             log.debug("re-reading %s failed (%s); retrying", target, exc)
-            self._dispatcher.submit_later(RETRY_DELAY, lambda: self.changed(target))
+            self._dispatcher.submit_later(RETRY_DELAY, lambda: self._request(target, strict=strict))
             return
         with self._lock:
             subscription = self._subscriptions.get(target)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from consensus_api import config, registry
-from consensus_api.backend import Backend, Target, TargetKind
+from consensus_api.assignors import Assignor
+from consensus_api.backend import Backend, Reader, Target, TargetKind
+from consensus_api.coordinator import (
+    Coordinator,
+    CoordinatorHandler,
+    IncrementalCoordinator,
+    ResourceListener,
+)
 from consensus_api.dispatch import Dispatcher
 from consensus_api.election import LeaderElection
 from consensus_api.errors import ConsensusError, MemberExistsError, NotAMemberError, SessionLostError
@@ -31,6 +38,7 @@ from consensus_api.storage import Storage
 log = logging.getLogger("consensus_api")
 
 StateListener = Callable[[SessionState], None]
+C = TypeVar("C", Coordinator, IncrementalCoordinator)
 
 
 def connect(url: str | None = None, **options: Any) -> Session:
@@ -82,6 +90,7 @@ class Session:
         self._state_listeners: list[StateListener] = []
         self._joined: dict[tuple[str, str], bytes] = {}
         self._candidacies: set[tuple[str, str]] = set()
+        self._coordinators: list[Coordinator | IncrementalCoordinator] = []
         self._dispatcher = Dispatcher(url.scheme)
         try:
             self._backend = backend_class(url, settings, _Events(self))
@@ -117,6 +126,36 @@ class Session:
         """The election for ``service`` (a key-like name)."""
         return LeaderElection(self, check_key(service, "service name"))
 
+    def coordinator(
+        self,
+        group: str,
+        protocol_type: str,
+        handler: CoordinatorHandler,
+        *,
+        rebalance_timeout: float | None = None,
+    ) -> Coordinator:
+        """A member of ``group`` in Kafka's rebalance protocol (SPEC section 8); joins on
+        ``ensure_active_group``. Closed with the session."""
+        return self._attach(
+            Coordinator(self, group, protocol_type, handler, rebalance_timeout=rebalance_timeout)
+        )
+
+    def incremental_coordinator(
+        self,
+        group: str,
+        resources: Iterable[str],
+        listener: ResourceListener,
+        *,
+        assignor: str | Assignor = "sticky",
+        rebalance_timeout: float | None = None,
+    ) -> IncrementalCoordinator:
+        """A member of ``group`` sharing ``resources`` by incremental (KIP-848) reconciliation;
+        joins on ``ensure_active_group``. Closed with the session."""
+        coordinator = IncrementalCoordinator(
+            self, group, resources, listener, assignor=assignor, rebalance_timeout=rebalance_timeout
+        )
+        return self._attach(coordinator)
+
     def add_state_listener(self, callback: StateListener) -> None:
         """Call ``callback(state)`` on the dispatcher thread at every state change."""
         if not callable(callback):
@@ -132,7 +171,11 @@ class Session:
                 self._state_listeners.remove(callback)
 
     def close(self) -> None:
-        """Release every member and candidacy at once and disconnect. Idempotent."""
+        """Close every coordinator, release every member and candidacy and disconnect. Idempotent."""
+        with self._lock:
+            coordinators, self._coordinators = self._coordinators, []
+        for coordinator in coordinators:
+            coordinator.close()
         with self._lock:
             if self._state is SessionState.CLOSED:
                 return
@@ -157,6 +200,23 @@ class Session:
         return f"<Session {self.url.redacted()} {self._state.name}>"
 
     # Used by the public objects of this package.
+
+    def _attach(self, coordinator: C) -> C:
+        with self._lock:
+            self._coordinators.append(coordinator)
+        return coordinator
+
+    def _detach(self, coordinator: object) -> None:
+        with self._lock:
+            self._coordinators = [c for c in self._coordinators if c is not coordinator]
+
+    def _holds_member(self, group: str, member_id: str) -> bool:
+        with self._lock:
+            return (group, member_id) in self._joined
+
+    def _holds_candidacy(self, service: str, candidate_id: str) -> bool:
+        with self._lock:
+            return (service, candidate_id) in self._candidacies
 
     def _backend_for_call(self) -> Backend:
         if self._state is SessionState.CLOSED:
@@ -198,18 +258,20 @@ class Session:
 
     # Reports from the backend and their handling on the dispatcher thread.
 
-    def _read(self, target: Target) -> Event:
+    def _read(self, target: Target, strict: bool) -> Event:
+        """The target's state; ``strict``: linearizable, else a re-read after a reported change."""
         backend = self._backend_for_call()
+        reader: Reader = backend if strict else backend.change_reader()
         if target.kind is TargetKind.VALUE:
-            current = backend.fetch(target.name)
+            current = reader.fetch(target.name)
             if current is None:
                 return ValueChanged(target.name, None, None)
             return ValueChanged(target.name, current.value, current.version)
         if target.kind is TargetKind.KEYSET:
-            return KeySetChanged(target.name, backend.keys(target.name))
+            return KeySetChanged(target.name, reader.keys(target.name))
         if target.kind is TargetKind.GROUP:
-            return MembershipChanged(target.name, frozen_members(backend.membership(target.name)))
-        leadership = backend.leadership(target.name)
+            return MembershipChanged(target.name, frozen_members(reader.membership(target.name)))
+        leadership = reader.leadership(target.name)
         if leadership is None:
             return LeaderChanged(target.name, None, None)
         return LeaderChanged(target.name, leadership.leader_id, leadership.term)

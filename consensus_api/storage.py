@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from consensus_api.errors import InvalidTypeError
+from consensus_api.errors import FencedError, InvalidTypeError, SessionLostError
 from consensus_api.keys import check_key, check_namespace, check_value, check_version
-from consensus_api.model import Leadership, Versioned
+from consensus_api.model import Leadership, SessionState, Versioned
 
 if TYPE_CHECKING:
     from consensus_api.session import Session
+
+T = TypeVar("T")
 
 
 class Storage:
@@ -29,23 +32,57 @@ class Storage:
 
     def put(self, key: str, value: bytes, *, fence: Leadership | None = None) -> int:
         """Create ``key``; ``KeyExistsError`` if it exists. Returns the new version."""
-        return self._session._backend_for_call().put(check_key(key), check_value(value), _check_fence(fence))
+        backend = self._session._backend_for_call()
+        args = check_key(key), check_value(value), _check_fence(fence)
+        return self._write(fence, lambda: backend.put(*args))
 
     def update(
         self, key: str, value: bytes, *, version: int | None = None, fence: Leadership | None = None
     ) -> int:
         """Replace the value of ``key``, if at ``version`` when given. Returns the new version."""
-        return self._session._backend_for_call().update(
-            check_key(key), check_value(value), check_version(version), _check_fence(fence)
-        )
+        backend = self._session._backend_for_call()
+        args = check_key(key), check_value(value), check_version(version), _check_fence(fence)
+        return self._write(fence, lambda: backend.update(*args))
 
     def delete(self, key: str, *, version: int | None = None, fence: Leadership | None = None) -> None:
         """Remove ``key``, if at ``version`` when given."""
-        self._session._backend_for_call().delete(check_key(key), check_version(version), _check_fence(fence))
+        backend = self._session._backend_for_call()
+        args = check_key(key), check_version(version), _check_fence(fence)
+        self._write(fence, lambda: backend.delete(*args))
+
+    def _write(self, fence: Leadership | None, write: Callable[[], T]) -> T:
+        """Run ``write``; ``FencedError`` where it failed because this session, the holder of the
+        fence's candidacy, was lost: a lost session's candidacies are void (SPEC section 3), and a
+        write that raised ``SessionLostError`` was not applied (backend SPI)."""
+        try:
+            return write()
+        except SessionLostError:
+            session = self._session
+            if fence is None or session.state is SessionState.CLOSED:
+                raise
+            with session._lock:
+                held_here = (fence.service, fence.leader_id) in session._candidacies
+            if not held_here:
+                raise
+            raise FencedError(
+                f"the session holding the leadership of {fence.service!r} (term {fence.term}) was lost"
+            ) from None
 
     def keys(self, namespace: str = "") -> frozenset[str]:
         """The keys that exist exactly one level below ``namespace``."""
         return self._session._backend_for_call().keys(check_namespace(namespace))
+
+    def walk(self, namespace: str = "") -> Iterator[tuple[str, Versioned]]:
+        """Every key at any depth below ``namespace`` (``""``: all keys) with its value, streamed in pages.
+
+        Not atomic: each ``(key, Versioned)`` is the key's state at its read,
+        which is linearizable (some moment between the call and the yield). No
+        key is yielded twice; a key that exists throughout the walk is yielded;
+        keys written meanwhile may or may not be. ``namespace`` itself is not
+        yielded. Each page is bounded by ``request_timeout``; order is unspecified.
+        """
+        backend = self._session._backend_for_call()
+        return backend.walk(check_namespace(namespace))
 
 
 def _check_fence(fence: Any) -> Leadership | None:

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Set-up and the whole test suite with every real server: lint and types, the
-# project's own tests, and the conformance suite on SQLite, PostgreSQL,
-# ZooKeeper, etcd and Kafka (one process each, in parallel, each with its own
-# real server). Ends with one line "tests: N passed, N failed".
+# Set-up and the whole test suite with every real server:
+#   1. lint and types;
+#   2. the conformance suite (every section, faults included) on SQLite,
+#      PostgreSQL, ZooKeeper, etcd and Kafka: one process per backend, each
+#      with its own real server, in parallel;
+#   3. the project's own tests;
+#   4. chaos runs with faults on every backend, whose histories one Spark job
+#      then checks for linearizability and election, membership and listener
+#      safety.
+# Ends with one line "tests: N passed, N failed".
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -10,66 +16,104 @@ bash scripts/install.sh || exit 2
 bash scripts/venv.sh || exit 2
 export PATH="$ROOT/.venv/bin:$PATH"
 out=$(mktemp -d "${TMPDIR:-/tmp}/consensus-test.XXXXXX")
+backends=${CONSENSUS_BACKENDS:-sqlite postgresql zookeeper etcd kafka}
+chaos_seconds=${CONSENSUS_CHAOS_SECONDS:-30}
 status=0
+started=$SECONDS
+phase() { echo "== $* (at $((SECONDS - started)) s)"; }
 
-echo "== lint and types"
+phase "lint and types"
 ruff check . || status=1
 ruff format --check . || status=1
 mypy || status=1
 
-backends=${CONSENSUS_BACKENDS:-sqlite postgresql zookeeper etcd kafka}
-echo "== conformance on: $backends (parallel) and the project's own tests"
+phase "conformance on: $backends (parallel)"
 for b in $backends; do
-    consensus servers run "$b" -- consensus conformance '$CONSENSUS_URL' --json \
+    # the faults section's measured timings go to $out/<backend>-timings.json (docs/guarantees.md)
+    CONSENSUS_TIMINGS="$out/$b-timings.json" consensus servers run "$b" -- consensus conformance '$CONSENSUS_URL' --json \
         >"$out/$b.json" 2>"$out/$b.log" &
 done
-pytest -q -p no:cacheprovider --junitxml="$out/own.xml" tests >"$out/own.log" 2>&1 &
 wait
 
-own_passed=0 own_failed=1
-if [ -f "$out/own.xml" ]; then
-    read -r own_passed own_failed < <(python - "$out/own.xml" <<'PY'
-import sys, xml.etree.ElementTree as ET
-root = ET.parse(sys.argv[1]).getroot()
-suite = root if root.tag == "testsuite" else root.find("testsuite")
-tests, failures, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
-print(tests - failures - errors - skipped, failures + errors + skipped)
-PY
-    )
-fi
-tail -n 15 "$out/own.log"
-[ "$own_failed" = 0 ] || { status=1; cat "$out/own.log"; }
+phase "own tests"
+pytest -q -p no:cacheprovider --junitxml="$out/own.xml" tests >"$out/own.log" 2>&1
 
+phase "${chaos_seconds} s chaos runs on: $backends, then one Spark check of every history"
+for b in $backends; do
+    faults=kill,pause,restart,expire
+    [ "$b" = sqlite ] && faults=kill,pause,expire   # no server process to restart
+    consensus chaos --server "$b" --duration "$chaos_seconds" --clients 5 --keys 2 \
+        --faults "$faults" --out "$out/chaos" >>"$out/chaos.log" 2>&1 ||
+        echo "chaos on $b failed" >>"$out/chaos.log"
+done
+consensus check "$out/chaos" --master 'local[2]' --report "$out/chaos-report.html" --json \
+    >"$out/check.json" 2>>"$out/chaos.log"
+echo $? >"$out/check.rc"
+
+phase "results"
 python - "$out" $backends <<'PY' || status=1
-import json, pathlib, sys
+import json, pathlib, sys, xml.etree.ElementTree as ET
 from rich.console import Console
 from rich.table import Table
+
 out, backends = pathlib.Path(sys.argv[1]), sys.argv[2:]
+console = Console(width=120)
+passed = failed = 0
+
+def tail(name: str, size: int = 8000) -> None:
+    path = out / name
+    if path.exists():
+        console.print(f"--- {name}", markup=False)
+        console.print(path.read_text(errors="replace")[-size:], markup=False, highlight=False)
+
 table = Table(title="conformance")
 for column in ("backend", "passed", "failed", "skipped"):
-    table.add_column(column, justify="right" if column != "backend" else "left")
-bad = False
+    table.add_column(column)
 for b in backends:
     try:
         r = json.loads((out / f"{b}.json").read_text())
     except (OSError, ValueError):
-        r = {"passed": 0, "failed": 1, "skipped": 0}
-        print((out / f"{b}.log").read_text()[-6000:])
-    bad |= r["failed"] > 0 or r["skipped"] > 0 or r["passed"] == 0
+        r = {"passed": 0, "failed": 1, "skipped": 0, "sections": {}}
+    bad = r["failed"] or r["skipped"] or not r["passed"]
+    passed += r["passed"]
+    failed += r["failed"] + r["skipped"] + (0 if r["passed"] else 1)
     table.add_row(b, str(r["passed"]), str(r["failed"]), str(r["skipped"]))
-    if r["failed"] or r["skipped"]:
-        print((out / f"{b}.log").read_text()[-6000:])
-Console().print(table)
-sys.exit(1 if bad else 0)
-PY
+    if bad:
+        tail(f"{b}.log")
+console.print(table)
 
-passed=$own_passed failed=$own_failed
-for b in $backends; do
-    read -r p f s < <(python -c 'import json,sys
-try: r=json.load(open(sys.argv[1])); print(r["passed"], r["failed"], r["skipped"])
-except Exception: print(0, 1, 0)' "$out/$b.json")
-    passed=$((passed + p)); failed=$((failed + f + s))
-done
-echo "tests: $passed passed, $failed failed"
-[ "$failed" = 0 ] || status=1
+try:
+    root = ET.parse(out / "own.xml").getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    tests, failures, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+    own_bad = failures + errors + skipped
+except (OSError, ET.ParseError, AttributeError):
+    tests, own_bad = 0, 1
+passed += tests - own_bad
+failed += own_bad
+console.print(f"own tests: {tests - own_bad} passed, {own_bad} failed or skipped")
+if own_bad:
+    tail("own.log", 20000)
+
+check_rc = (out / "check.rc").read_text().strip() if (out / "check.rc").exists() else "missing"
+chaos_log = (out / "chaos.log").read_text(errors="replace") if (out / "chaos.log").exists() else ""
+runs_failed = [line for line in chaos_log.splitlines() if line.startswith("chaos on ")]
+try:
+    verdict = json.loads((out / "check.json").read_text())
+    summary = {name: check["verdict"] for name, check in verdict["checks"].items()}
+    console.print(f"chaos check ({verdict['engine']}, {verdict['seconds']} s): {summary}", markup=False)
+    console.print(f"runs: {verdict['runs']}; findings: {verdict['findings'][:5]}", markup=False)
+except (OSError, ValueError, KeyError, TypeError):
+    console.print("chaos check: no verdict")
+if check_rc == "0" and not runs_failed:
+    passed += 1
+else:
+    failed += 1
+    tail("chaos.log")
+console.print(f"chaos runs failed: {runs_failed or 'none'}; Spark check exit {check_rc}", markup=False)
+
+print(f"tests: {passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
+PY
+phase "done"
 exit $status

@@ -294,13 +294,27 @@ def test_conformance_json_on_sqlite(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     summary = json.loads(proc.stdout)  # stdout holds the JSON and nothing else
-    assert set(summary) == {"backend", "passed", "failed", "skipped", "sections"}
+    assert set(summary) == {
+        "backend",
+        "passed",
+        "failed",
+        "skipped",
+        "not_applicable",
+        "not_applicable_reasons",
+        "sections",
+    }
     assert summary["backend"] == "sqlite"
     assert summary["passed"] > 0
     for counts in summary["sections"].values():
-        assert set(counts) == {"passed", "failed", "skipped"}
-    for kind in ("passed", "failed", "skipped"):
+        assert set(counts) == {"passed", "failed", "skipped", "not_applicable", "seconds"}
+    for kind in ("passed", "failed", "skipped", "not_applicable"):
         assert summary[kind] == sum(counts[kind] for counts in summary["sections"].values())
+    # the fault tests that need a server process are not collected for SQLite, and say why
+    faults = summary["sections"]["faults"]
+    assert faults["passed"] > 0 and faults["not_applicable"] > 0
+    assert summary["not_applicable_reasons"] == {
+        "not applicable: SQLite has no server process": faults["not_applicable"]
+    }
     assert proc.returncode == (0 if summary["failed"] == summary["skipped"] == 0 else 1), proc.stderr
 
 

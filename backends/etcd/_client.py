@@ -17,6 +17,9 @@ deadline and the auth token as metadata; grpc errors become consensus_api errors
   core's dispatcher least of all) waits out a long deadline on a dead or
   paused server.
 * Each watch gets a channel of its own, closed when the watch is replaced.
+* An idle stream stays open on the unary calls' channel (``_warm.KeepWarm``):
+  without one, grpc starts a polling thread for every call made through a
+  future, which costs more than the call itself on a loaded machine.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from backends.etcd._errors import (
     interrupted,
     translate,
 )
+from backends.etcd._warm import KeepWarm
 from consensus_api.errors import (
     ConfigurationError,
     ConsensusError,
@@ -111,6 +115,8 @@ class EtcdClient:
         self._addresses = {_netloc(host, port): (host, port) for host, port in endpoints}
         self._lock = threading.Lock()
         self._stubs: _Stubs | None = None
+        self._warm: KeepWarm | None = None
+        self._closed = False
         self._metadata: Metadata = None
         self._troubled = False
         self._troubles = 0
@@ -123,6 +129,10 @@ class EtcdClient:
 
     def close(self) -> None:
         """Close every channel; calls in flight fail."""
+        with self._lock:
+            warm, self._warm, self._closed = self._warm, None, True
+        if warm is not None:
+            warm.close()
         self._client.close()
 
     # Calls
@@ -291,7 +301,16 @@ class EtcdClient:
                 self._stubs = _Stubs(
                     channel, etcdrpc.KVStub(channel), etcdrpc.LeaseStub(channel), etcdrpc.AuthStub(channel)
                 )
-            return self._stubs
+            warm = self._warm
+            if not self._closed and (warm is None or warm.channel is not channel or warm.stale()):
+                try:
+                    self._warm = KeepWarm(channel, self._metadata)
+                except ValueError:  # a closed channel: the call itself reports it
+                    self._warm = None
+            stubs = self._stubs
+        if warm is not None and warm is not self._warm:
+            warm.close()
+        return stubs
 
     def _endpoint_failed(self) -> None:
         """Let the next call fail over to another endpoint, if there is one."""

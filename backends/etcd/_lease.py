@@ -9,7 +9,9 @@ TTL/3, and states follow from the answers:
   ago: SUSPENDED (the lease is certainly still alive on the server);
 * etcd answers that the lease is gone (expired or revoked), the last
   successful keep-alive was sent a TTL ago or more, or an answer arrives too
-  late to vouch for the lease (this process was paused): LOST. A lease that may
+  late to vouch for the lease (this process was paused): LOST. Only a LOST
+  after keep-alives failed for the whole TTL is connection trouble, which
+  cuts the calls in flight short (``lost_in_trouble``). A lease that may
   still exist is revoked before a new one is granted, so the old session's
   keys are gone before the core re-joins anything; then CONNECTED.
 * a keep-alive succeeds again: CONNECTED.
@@ -56,6 +58,9 @@ class LeaseKeeper:
         self._state = SessionState.CONNECTED
         self._lease: int | None = None
         self._stale: int | None = None
+        #: Whether the lease was last found lost because etcd was unreachable for its whole TTL (not
+        #: because it expired while this process was paused, or etcd answered it is gone).
+        self.lost_in_trouble = False
         self._ttl = self._requested_ttl
         self._alive_since = 0.0
         self._thread = threading.Thread(target=self._run, name="consensus-etcd-lease", daemon=True)
@@ -119,31 +124,36 @@ class LeaseKeeper:
     def _keep_alive(self, lease: int) -> None:
         sent = time.monotonic()
         lost_at = self._alive_since + self._ttl
+        if sent >= lost_at:  # this process (or this thread) did not run for the whole TTL
+            log.warning("no etcd keep-alive was sent for the whole lease TTL (%ss): session lost", self._ttl)
+            self._lose(stale=lease, trouble=False)
+            return
         try:
             remaining = self._client.keepalive(lease, min(sent + self._attempt_timeout, lost_at))
         except ConsensusError as exc:
             if time.monotonic() >= lost_at:
                 log.warning("etcd was unreachable for the whole lease TTL (%ss): session lost", self._ttl)
-                self._lose(stale=lease)
+                self._lose(stale=lease, trouble=True)
             else:
                 log.debug("etcd keep-alive failed (%s): session suspended", exc)
                 self._set(SessionState.SUSPENDED)
             return
         if remaining <= 0:
             log.warning("the session's etcd lease expired or was revoked: session lost")
-            self._lose(stale=None)
+            self._lose(stale=None, trouble=False)
             return
         if time.monotonic() >= sent + remaining:  # the answer came too late to vouch for the lease
             log.warning("an etcd keep-alive took longer than the lease TTL: session lost")
-            self._lose(stale=lease)
+            self._lose(stale=lease, trouble=False)
             return
         self._alive_since = sent
         self._set(SessionState.CONNECTED)
 
-    def _lose(self, stale: int | None) -> None:
+    def _lose(self, stale: int | None, trouble: bool) -> None:
         with self._lock:
             self._lease = None
             self._stale = stale
+            self.lost_in_trouble = trouble
         self._set(SessionState.LOST)
         self._wake.set()
 

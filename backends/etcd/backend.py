@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -55,6 +55,9 @@ DEFAULT_PORT = 2379
 
 #: Keys per page when listing a namespace.
 PAGE_SIZE = 1000
+
+#: Keys (with values) per page of ``walk``.
+WALK_PAGE = 256
 
 
 class EtcdBackend(Backend):
@@ -208,6 +211,33 @@ class EtcdBackend(Backend):
             start = prefix_end(prefix + child + b"/") if slash else last + b"\x00"
         return children
 
+    def walk(self, namespace: str) -> Iterator[tuple[str, Versioned]]:
+        """A prefix range in pages of ``WALK_PAGE`` keys, all at the first page's revision.
+
+        So the pages form one snapshot, unless that revision is compacted
+        meanwhile: the walk then goes on after the last key yielded, at the
+        newest revision.
+        """
+        prefix = self._layout.children(namespace)
+        strip = len(self._layout.key(""))
+        start, end, revision = prefix, prefix_end(prefix), 0
+        while start < end:
+            request = etcdrpc.RangeRequest(key=start, range_end=end, limit=WALK_PAGE, revision=revision)
+            try:
+                response = self._client.range(request, self._deadline())
+            except CompactedError:
+                revision = 0
+                continue
+            revision = revision or int(response.header.revision)
+            for kv in response.kvs:
+                yield (
+                    kv.key[strip:].decode(errors="replace"),
+                    Versioned(bytes(kv.value), int(kv.mod_revision)),
+                )
+            if not response.more or not response.kvs:
+                return
+            start = response.kvs[-1].key + b"\x00"
+
     # Group membership
 
     def join(self, group: str, member_id: str, data: bytes) -> None:
@@ -265,6 +295,10 @@ class EtcdBackend(Backend):
     def unwatch(self, target: Target) -> None:
         """Stop reporting changes of ``target``."""
         self._watch.discard(target)
+
+    def fault_identity(self) -> dict[str, object]:
+        """The session's lease: ``{"lease": id}`` (None while it is being replaced; tests only)."""
+        return {"lease": self._keeper.held()}
 
     # Helpers
 
@@ -336,8 +370,15 @@ class EtcdBackend(Backend):
 
     def _on_state(self, state: SessionState) -> None:
         """From the lease thread: cut calls short while in trouble, forget what a lost lease held,
-        and replace the watch stream (it may be dead without knowing it) once connected again."""
-        self._client.set_troubled(state is not SessionState.CONNECTED)
+        and replace the watch stream (it may be dead without knowing it) once connected again.
+
+        A lease lost without connection trouble (it expired while this process was paused, or
+        etcd revoked it) cuts nothing short: calls in flight reach a working server and get
+        definite answers (a stale leader's fenced write ``FencedError``, not an unknown outcome)."""
+        troubled = state is SessionState.SUSPENDED or (
+            state is SessionState.LOST and self._keeper.lost_in_trouble
+        )
+        self._client.set_troubled(troubled)
         if state is SessionState.LOST:
             with self._lock:
                 self._owned.clear()

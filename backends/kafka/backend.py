@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import ClassVar
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, ClassVar
 
 from backends.kafka import settings as kafka_settings
 from backends.kafka.channel import Channel
@@ -39,6 +40,9 @@ from consensus_api.errors import (
     VersionConflictError,
 )
 from consensus_api.model import Leadership, Versioned
+
+if TYPE_CHECKING:
+    from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
 
 
 class KafkaBackend(Backend):
@@ -114,6 +118,14 @@ class KafkaBackend(Backend):
         self._parts()[0].sync(self._deadline())
         return self._state.children(namespace)
 
+    def walk(self, namespace: str) -> Iterator[tuple[str, Versioned]]:
+        """The state machine's keys below ``namespace`` once it has caught up with the log's end.
+
+        One snapshot at one log offset, already in memory: no paging is needed.
+        """
+        self._parts()[0].sync(self._deadline())
+        yield from self._state.below(namespace)
+
     def put(self, key: str, value: bytes, fence: Leadership | None) -> int:
         outcome = self._write(Command(Op.PUT, key, value=value, fence=fence))
         if outcome.result is Result.EXISTS:
@@ -162,6 +174,23 @@ class KafkaBackend(Backend):
     def leadership(self, service: str) -> Leadership | None:
         return self._parts()[1].leadership(service)
 
+    def coordinator_engine(
+        self, group: str, protocol_type: str, host: EngineHost, rebalance_timeout: float
+    ) -> CoordinatorEngine | None:
+        """The real JoinGroup/SyncGroup protocol (:mod:`backends.kafka.coordinator`)."""
+        from backends.kafka.coordinator import KafkaEngine  # noqa: PLC0415 - loaded on first use
+
+        if self._kafka is None or self._channel is None:
+            raise SessionLostError("the Kafka backend is not open")
+        return KafkaEngine(
+            self._kafka,
+            self._channel,
+            group=group,
+            protocol_type=protocol_type,
+            host=host,
+            rebalance_timeout=rebalance_timeout,
+        )
+
     # Watches
 
     def watch(self, target: Target) -> None:
@@ -192,6 +221,11 @@ class KafkaBackend(Backend):
             touched = [target for target in targets if target in self._watched]
         for target in touched:
             self.events.changed(target)
+
+    def fault_identity(self) -> dict[str, object]:
+        """The session's Kafka group members: ``{"members": [[group id, member id], ...]}`` (tests only)."""
+        members = self._groups.members() if self._groups is not None else []
+        return {"members": [[m.group_id, m.kafka_id] for m in members if m.kafka_id]}
 
     # Helpers
 

@@ -31,10 +31,18 @@ from backends.kafka.records import Command, decode, encode
 from backends.kafka.settings import MAX_RECORD_BYTES, Settings
 from backends.kafka.state import Outcome, StateMachine
 from consensus_api.backend import Target
+from consensus_api.errors import OperationTimeoutError
 
 log = logging.getLogger("consensus_api.kafka")
 
 POLL_MS = 200
+
+
+def _close_quietly(producer: Any) -> None:
+    try:
+        producer.close(timeout=0)
+    except Exception:
+        log.debug("closing a replaced Kafka producer failed", exc_info=True)
 
 
 class _Slot:
@@ -83,6 +91,8 @@ class CommandLog:
         self._next_offset = 0
         self._stopping = threading.Event()
         self._producer: Any = None
+        self._producer_lock = threading.Lock()
+        self._suspected = False
         self._consumer: Any = None
         self._thread: threading.Thread | None = None
 
@@ -98,18 +108,7 @@ class CommandLog:
 
         left = max(1, int((deadline - time.monotonic()) * 1000))
         try:
-            self._producer = KafkaProducer(
-                **self._settings.client(
-                    kafka_client=client,
-                    acks=-1,
-                    enable_idempotence=True,
-                    linger_ms=0,
-                    max_request_size=MAX_RECORD_BYTES,
-                    delivery_timeout_ms=request_ms,
-                    max_block_ms=request_ms,
-                    bootstrap_timeout_ms=left,
-                )
-            )
+            self._producer = self._new_producer(deadline, client)
             self._consumer = KafkaConsumer(
                 **self._settings.client(
                     kafka_client=client,
@@ -151,18 +150,70 @@ class CommandLog:
                 log.debug("closing a Kafka client failed", exc_info=True)
 
     def command(self, command: Command, deadline: float) -> Outcome:
-        """Append ``command`` and wait for its outcome, decided in log order."""
+        """Append ``command`` and wait for its outcome, decided in log order.
+
+        A producer that let a write time out is replaced before the next write:
+        kafka-python's idempotent producer can be left without a producer id
+        after a broker restart (its InitProducerId is never sent again), and
+        would then time out every write for good.
+        """
+        producer = self._writer(deadline)
         request = next(self._requests)
         slot = self._slots[request] = _Slot()
         headers, value = encode(dataclasses.replace(command, origin=(self._session_id, request)))
         try:
-            future = self._producer.send(self._settings.topic, value=value, headers=headers, partition=0)
+            future = producer.send(self._settings.topic, value=value, headers=headers, partition=0)
             future.add_errback(slot.fail)
             return slot.wait(deadline)
         except kerrors.KafkaError as exc:
-            raise translate(exc, "the write") from None
+            error = translate(exc, "the write")
+            if isinstance(error, OperationTimeoutError):
+                self._suspect(producer)
+            raise error from None
+        except OperationTimeoutError:
+            self._suspect(producer)
+            raise
         finally:
             self._slots.pop(request, None)
+
+    def _new_producer(self, deadline: float, client: Callable[..., KafkaNetClient] | None = None) -> Any:
+        request_ms = int(self._settings.request_timeout * 1000)
+        extra = {} if client is None else {"kafka_client": client}
+        return KafkaProducer(
+            **self._settings.client(
+                acks=-1,
+                enable_idempotence=True,
+                linger_ms=0,
+                max_request_size=MAX_RECORD_BYTES,
+                delivery_timeout_ms=request_ms,
+                max_block_ms=request_ms,
+                bootstrap_timeout_ms=max(1, int((deadline - time.monotonic()) * 1000)),
+                **extra,
+            )
+        )
+
+    def _suspect(self, producer: Any) -> None:
+        with self._producer_lock:
+            if producer is self._producer:
+                self._suspected = True
+
+    def _writer(self, deadline: float) -> Any:
+        """The producer, replaced first if it let a write time out."""
+        with self._producer_lock:
+            if not self._suspected:
+                return self._producer
+            try:
+                fresh = self._new_producer(deadline)
+            except Exception as exc:
+                raise OperationTimeoutError(
+                    f"Kafka did not accept a new producer in time ({type(exc).__name__}); nothing was written"
+                ) from None
+            old, self._producer, self._suspected = self._producer, fresh, False
+        log.info("replaced the command log's producer after a write timed out")
+        threading.Thread(
+            target=_close_quietly, args=(old,), name="consensus-kafka-close", daemon=True
+        ).start()
+        return fresh
 
     def sync(self, deadline: float) -> None:
         """Wait until every write acknowledged before this call is applied."""

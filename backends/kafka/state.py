@@ -76,6 +76,13 @@ class StateMachine:
         with self._lock:
             return frozenset(self._children.get(namespace, ()))
 
+    def below(self, namespace: str) -> list[tuple[str, Versioned]]:
+        """Every key at any depth below ``namespace`` with its value, in key order (one snapshot)."""
+        prefix = f"{namespace}/" if namespace else ""
+        with self._lock:
+            found = [(key, value) for key, value in self._values.items() if key.startswith(prefix)]
+        return sorted(found, key=lambda item: item[0])
+
     def lease(self, service: str) -> Lease:
         """The service's lease (``VACANT`` if it never had one)."""
         with self._lock:

@@ -14,7 +14,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 import sqlalchemy
@@ -22,7 +23,7 @@ from sqlalchemy import Connection, Engine
 
 from backends.sql import ephemeral, store
 from backends.sql.changes import ChangeFeed, prune
-from backends.sql.engine import create, describe_error, is_retryable
+from backends.sql.engine import Watchdog, calls_until, create, describe_error, is_retryable
 from backends.sql.schema import Tables
 from consensus_api.backend import Backend, Target
 from consensus_api.config import boolean, positive_float, string
@@ -37,6 +38,11 @@ log = logging.getLogger("consensus_api.sql")
 
 R = TypeVar("R")
 RETRY_PAUSE = 0.05
+#: Seconds between heartbeats while the database is unreachable.
+TROUBLE_PAUSE = 0.25
+
+#: Keys per page of ``walk``.
+WALK_PAGE = 500
 
 
 class SQLBackend(Backend):
@@ -55,6 +61,8 @@ class SQLBackend(Backend):
         super().__init__(*args, **kwargs)
         extra = self.settings.extra
         self._engine: Engine = create(self.url, self.settings)
+        self._guarded = self._engine.dialect.name == "postgresql"
+        self._watchdog = Watchdog()
         self._tables = Tables(str(extra.get("table_prefix", "consensus_")))
         self._session_id = uuid.uuid4().hex
         self._lock = threading.Lock()
@@ -123,6 +131,19 @@ class SQLBackend(Backend):
     def keys(self, namespace: str) -> frozenset[str]:
         return self._run(lambda c: store.keys(c, self._tables, namespace), write=False)
 
+    def walk(self, namespace: str) -> Iterator[tuple[str, Versioned]]:
+        """Keyset pagination in primary-key order: each page is one read-only transaction."""
+        after: str | None = None
+        while True:
+            page = self._run(
+                partial(store.walk_page, t=self._tables, namespace=namespace, after=after, limit=WALK_PAGE),
+                write=False,
+            )
+            yield from page
+            if len(page) < WALK_PAGE:
+                return
+            after = page[-1][0]
+
     # Membership and election
 
     def join(self, group: str, member_id: str, data: bytes) -> None:
@@ -161,6 +182,10 @@ class SQLBackend(Backend):
         with self._lock:
             self._watched.discard(target)
 
+    def fault_identity(self) -> dict[str, object]:
+        """The session's lease row: ``{"sessions_table": name, "session_id": id}`` (tests only)."""
+        return {"sessions_table": self._tables.sessions.name, "session_id": self._session_id}
+
     def _hint(self, target: Target) -> None:
         with self._lock:
             watched = target in self._watched
@@ -182,50 +207,88 @@ class SQLBackend(Backend):
         write: bool = True,
         fence: Leadership | None = None,
         deadline: float | None = None,
+        retry: bool = True,
     ) -> R:
-        """Run ``work`` in one transaction, retrying what is safe to retry until ``deadline``."""
+        """Run ``work`` in one transaction, retrying what is safe to retry until ``deadline``.
+
+        Safe to retry: a failure to connect, a deadlock or serialization failure,
+        and a broken connection before the commit was sent (the database rolls
+        back what was not committed; a pooled connection may be stale after a
+        server restart). Without ``retry`` (the heartbeat, which is a retry loop
+        itself) only deadlocks and serialization failures are retried. A call
+        that outlives ``deadline`` has its connection cut (``Watchdog``):
+        ``OperationTimeoutError``.
+        """
         deadline = deadline or time.monotonic() + self.settings.request_timeout
         while True:
             try:
-                conn = self._engine.connect()
+                with calls_until(deadline):
+                    conn = self._engine.connect()
             except sqlalchemy.exc.DBAPIError as exc:
-                if time.monotonic() < deadline:
+                if retry and time.monotonic() + RETRY_PAUSE < deadline:
                     time.sleep(RETRY_PAUSE)
                     continue
                 raise BackendUnavailableError(
                     f"cannot reach {self.url.redacted()}: {describe_error(exc)}"
                 ) from None
+            except sqlalchemy.exc.TimeoutError:
+                raise OperationTimeoutError(
+                    f"no free {self.name} connection in the pool within request_timeout"
+                ) from None
+            guard = self._watchdog.arm(conn.connection.dbapi_connection, deadline) if self._guarded else None
+            committing = cut = False
             try:
                 with conn:
-                    if write:
-                        conn.execution_options(consensus_write=True)
-                    with conn.begin():
-                        if fence is not None:
-                            ephemeral.check_fence(conn, self._tables, fence)
-                        return work(conn)
+                    try:
+                        if write:
+                            conn.execution_options(consensus_write=True)
+                        with conn.begin():
+                            if fence is not None:
+                                ephemeral.check_fence(conn, self._tables, fence)
+                            result = work(conn)
+                            committing = True
+                        return result
+                    finally:  # before the connection goes back to the pool, where another call may take it
+                        cut = guard is not None and self._watchdog.disarm(guard)
             except sqlalchemy.exc.IntegrityError:
                 raise SessionLostError(
                     "this session's lease has expired; it is being re-established"
                 ) from None
             except sqlalchemy.exc.DBAPIError as exc:
-                if is_retryable(exc) and time.monotonic() < deadline:
+                stale = retry and exc.connection_invalidated and not committing and not cut
+                if (stale or is_retryable(exc)) and time.monotonic() + RETRY_PAUSE < deadline:
                     time.sleep(RETRY_PAUSE)
                     continue
+                reason = "no answer within request_timeout" if cut else describe_error(exc)
                 raise OperationTimeoutError(
-                    f"{self.name} did not complete the call ({describe_error(exc)}); its effect is unknown"
+                    f"{self.name} did not complete the call ({reason}); its effect is unknown"
                 ) from None
 
     def _beat(self) -> None:
+        """Renew the lease every ``session_timeout / 3``.
+
+        An attempt is the retry: it fails at once when the database cannot be
+        reached (SUSPENDED; tried again every ``TROUBLE_PAUSE``) and never runs
+        past the moment the lease lapses, which is counted from the *start* of
+        the last successful renewal (LOST). A slow database that answers is no
+        trouble.
+        """
         ttl = self.settings.session_timeout
         last_renewal = time.monotonic()
         state = SessionState.CONNECTED
-        while not self._stop.wait(ttl / 3):
+        pause = ttl / 3
+        while not self._stop.wait(pause):
+            started = time.monotonic()
+            pause = TROUBLE_PAUSE
+            if state is not SessionState.LOST and started >= last_renewal + ttl:
+                state = self._report(SessionState.LOST, state)  # the lease lapsed by our own clock
             try:
                 if state is SessionState.LOST:
-                    self._replace_lease()
+                    self._replace_lease(started + self.settings.request_timeout)
                     renewed = True
                 else:
-                    renewed = self._run(self._renew)
+                    deadline = min(started + self.settings.request_timeout, last_renewal + ttl)
+                    renewed = self._run(self._renew, deadline=deadline, retry=False)
             except (OperationTimeoutError, BackendUnavailableError, SessionLostError) as exc:
                 log.debug("heartbeat failed: %s", exc)
                 lapsed = time.monotonic() - last_renewal > ttl
@@ -237,11 +300,12 @@ class SQLBackend(Backend):
             if not renewed:
                 state = self._report(SessionState.LOST, state)
                 try:
-                    self._replace_lease()
+                    self._replace_lease(time.monotonic() + self.settings.request_timeout)
                 except (OperationTimeoutError, BackendUnavailableError, SessionLostError) as exc:
                     log.debug("re-establishing the session failed: %s", exc)
                     continue
-            last_renewal = time.monotonic()
+            last_renewal = started
+            pause = ttl / 3
             state = self._report(SessionState.CONNECTED, state)
 
     def _renew(self, conn: Connection) -> bool:
@@ -251,7 +315,7 @@ class SQLBackend(Backend):
         prune(conn, self._tables)
         return True
 
-    def _replace_lease(self) -> None:
+    def _replace_lease(self, deadline: float) -> None:
         """After a loss: drop what is left of the old lease and open a new one."""
         old, new = self._session_id, uuid.uuid4().hex
 
@@ -259,7 +323,7 @@ class SQLBackend(Backend):
             ephemeral.drop_sessions(conn, self._tables, [old])
             ephemeral.open_lease(conn, self._tables, new, self.settings.session_timeout)
 
-        self._run(swap)
+        self._run(swap, deadline=deadline, retry=False)
         self._session_id = new
 
     def _report(self, state: SessionState, previous: SessionState) -> SessionState:

@@ -2,11 +2,25 @@
 
 SQLite runs in WAL mode with a busy timeout of ``request_timeout``; write
 transactions begin with ``BEGIN IMMEDIATE`` so they take the write lock up
-front. PostgreSQL gets ``statement_timeout`` = ``request_timeout``.
+front. PostgreSQL gets ``statement_timeout`` = ``request_timeout``, and two
+client-side bounds, because a paused server or a network that stopped
+delivering answers nothing while TCP keeps the connection up (so neither
+``statement_timeout`` nor TCP can end the wait): a new connection gets at
+most the time its call has left (``calls_until``), and the ``Watchdog`` cuts
+the socket of a call that outlives its deadline, so the driver fails at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import itertools
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +81,88 @@ def _sqlite(url: BackendURL, settings: Options) -> Engine:
     return engine
 
 
+_call_deadline = threading.local()
+
+#: libpq's shortest connect_timeout (1 means 2); a connection is not begun with less time left than
+#: ``MIN_CONNECT_LEFT``, so a connection attempt ends at most a second after its call's deadline.
+LIBPQ_MIN_CONNECT = 2
+MIN_CONNECT_LEFT = 1.0
+
+
+@contextlib.contextmanager
+def calls_until(deadline: float) -> Iterator[None]:
+    """Connections opened by this thread meanwhile give up by about ``deadline`` (PostgreSQL)."""
+    previous = getattr(_call_deadline, "value", None)
+    _call_deadline.value = deadline
+    try:
+        yield
+    finally:
+        _call_deadline.value = previous
+
+
+class Watchdog:
+    """Cuts the connection of a call that outlives its deadline (one thread for every call).
+
+    ``arm(dbapi_connection, deadline)`` returns a token; ``disarm(token)`` returns
+    True if the watchdog cut the connection meanwhile. A cut shuts the socket
+    down (on a duplicate of its descriptor), so the driver's wait ends with a
+    disconnect error and SQLAlchemy discards the connection.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._armed: dict[int, Any] = {}
+        self._queue: list[tuple[float, int]] = []
+        self._fired: set[int] = set()
+        self._tokens = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, dbapi_connection: Any, deadline: float) -> int:
+        token = next(self._tokens)
+        with self._cond:
+            self._armed[token] = dbapi_connection
+            heapq.heappush(self._queue, (deadline, token))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="consensus-sql-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return token
+
+    def disarm(self, token: int) -> bool:
+        with self._cond:
+            self._armed.pop(token, None)
+            if token in self._fired:
+                self._fired.discard(token)
+                return True
+            return False
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._queue and self._queue[0][1] not in self._armed:
+                    heapq.heappop(self._queue)
+                wait = self._queue[0][0] - time.monotonic() if self._queue else None
+                if wait is None or wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                _, token = heapq.heappop(self._queue)
+                connection = self._armed.pop(token)
+                self._fired.add(token)
+            _cut(connection)
+
+
+def _cut(dbapi_connection: Any) -> None:
+    """Shut the socket of a psycopg connection down; the connection itself stays the driver's."""
+    try:
+        descriptor = dbapi_connection.pgconn.socket
+        duplicate = socket.socket(fileno=os.dup(descriptor))
+    except Exception:  # closed meanwhile, or not a psycopg connection: nothing to cut
+        return
+    with contextlib.suppress(OSError):
+        duplicate.shutdown(socket.SHUT_RDWR)
+    duplicate.close()
+
+
 def _postgresql(url: BackendURL, settings: Options) -> Engine:
     if not url.endpoints:
         raise ConfigurationError("a postgresql URL needs a host: postgresql://user@host:5432/database")
@@ -79,7 +175,7 @@ def _postgresql(url: BackendURL, settings: Options) -> Engine:
     for option, parameter in (("tls_ca", "sslrootcert"), ("tls_cert", "sslcert"), ("tls_key", "sslkey")):
         if option in extra:
             query[parameter] = str(extra[option])
-    return create_engine(
+    engine = create_engine(
         URL.create(
             "postgresql+psycopg",
             username=url.username,
@@ -96,8 +192,23 @@ def _postgresql(url: BackendURL, settings: Options) -> Engine:
         pool_size=8,
         max_overflow=24,
         pool_timeout=settings.request_timeout,
-        pool_pre_ping=True,
     )
+
+    @event.listens_for(engine, "do_connect")
+    def _bounded_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        deadline: float | None = getattr(_call_deadline, "value", None)
+        if deadline is None:
+            return
+        left = deadline - time.monotonic()
+        if left < MIN_CONNECT_LEFT:
+            import psycopg  # noqa: PLC0415 - PostgreSQL only
+
+            raise psycopg.OperationalError("no time left to connect within request_timeout")
+        cparams["connect_timeout"] = min(
+            int(cparams.get("connect_timeout", LIBPQ_MIN_CONNECT)), max(LIBPQ_MIN_CONNECT, math.ceil(left))
+        )
+
+    return engine
 
 
 def is_retryable(exc: sqlalchemy.exc.DBAPIError) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from sqlalchemy import ColumnElement, Connection, and_, select, update
+from sqlalchemy import ColumnElement, Connection, and_, func, select, update
 
 from backends.sql.changes import log_changes
 from backends.sql.dialect import insert_if_absent
@@ -78,13 +78,41 @@ def keys(conn: Connection, t: Tables, namespace: str) -> frozenset[str]:
     return frozenset(row.key for row in rows)
 
 
+def walk_page(
+    conn: Connection, t: Tables, namespace: str, after: str | None, limit: int
+) -> list[tuple[str, Versioned]]:
+    """Up to ``limit`` live keys below ``namespace`` that sort after ``after``, in key order.
+
+    The prefix test is an exact ``substr`` comparison (no ``LIKE`` escaping, no
+    reliance on the collation's order); on SQLite, whose collation is binary,
+    the prefix is also one range of the primary key.
+    """
+    kv = t.kv
+    query = select(kv.c.key, kv.c.value, kv.c.version).where(kv.c.deleted.is_(False))
+    if namespace:
+        prefix = namespace + "/"
+        query = query.where(func.substr(kv.c.key, 1, len(prefix)) == prefix)
+        if conn.dialect.name == "sqlite":
+            query = query.where(kv.c.key > prefix, kv.c.key < namespace + "0")  # "0" follows "/"
+    if after is not None:
+        query = query.where(kv.c.key > after)
+    rows = conn.execute(query.order_by(kv.c.key).limit(limit))
+    return [(row.key, Versioned(bytes(row.value), row.version)) for row in rows]
+
+
 def _live_at(t: Tables, key: str, version: int | None) -> ColumnElement[bool]:
     condition = and_(t.kv.c.key == key, t.kv.c.deleted.is_(False))
     return condition if version is None else and_(condition, t.kv.c.version == version)
 
 
 def _raise_missing_or_conflict(conn: Connection, t: Tables, key: str, version: int | None) -> NoReturn:
-    current = fetch(conn, t, key)
+    """Explain why a conditional statement matched no row.
+
+    Without ``version`` only a missing key can explain it: a later read in the
+    same transaction may already see the key re-created (PostgreSQL reads a new
+    snapshot per statement), which must not turn into a version conflict.
+    """
+    current = None if version is None else fetch(conn, t, key)
     if current is None:
         raise KeyNotFoundError(f"key {key!r} does not exist")
     raise VersionConflictError(f"key {key!r} is at version {current.version}, not {version}")

@@ -10,7 +10,7 @@ each part.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
 from backends.zookeeper.connection import Connection
@@ -20,6 +20,7 @@ from backends.zookeeper.paths import Layout, chroot_of
 from backends.zookeeper.security import OPTIONS, Security
 from backends.zookeeper.storage import Storage
 from backends.zookeeper.txn import ensure
+from backends.zookeeper.walk import walk
 from backends.zookeeper.watches import Watches
 from consensus_api.backend import Backend, BackendEvents, Target
 from consensus_api.config import BackendURL, OptionParser, Options
@@ -43,6 +44,7 @@ class ZooKeeperBackend(Backend):
         self._elections = Elections(self._connection, self._layout, timeout)
         self._groups = Groups(self._connection, self._layout, timeout)
         self._storage = Storage(self._connection, self._layout, self._elections, timeout)
+        self._change_reader = _ChangeReader(self._storage, self._groups, self._elections)
 
     @property
     def name(self) -> str:
@@ -96,6 +98,10 @@ class ZooKeeperBackend(Backend):
         """See ``Storage.keys``."""
         return self._storage.keys(namespace)
 
+    def walk(self, namespace: str) -> Iterator[tuple[str, Versioned]]:
+        """See ``backends.zookeeper.walk``."""
+        return walk(self._connection, self._layout, namespace, self.settings.request_timeout)
+
     # Group membership
 
     def join(self, group: str, member_id: str, data: bytes) -> None:
@@ -133,3 +139,36 @@ class ZooKeeperBackend(Backend):
     def unwatch(self, target: Target) -> None:
         """See ``Watches.unwatch``."""
         self._watches.unwatch(target)
+
+    def change_reader(self) -> _ChangeReader:
+        """Re-reads after a watch fired skip the linearizing no-op write: ZooKeeper orders a
+        session's watch events and replies, so a plain read sent after the event sees that
+        change, and this session's reads never go back (the client reconnects only to servers
+        at least as recent as it has seen)."""
+        return self._change_reader
+
+    def fault_identity(self) -> dict[str, object]:
+        """The ZooKeeper session: ``{"session_id": int, "password": hex}`` (tests only)."""
+        client_id = self._connection.client.client_id
+        if not client_id:
+            return {}
+        return {"session_id": int(client_id[0]), "password": bytes(client_id[1]).hex()}
+
+
+class _ChangeReader:
+    """The backend's reads without the barrier (see ``ZooKeeperBackend.change_reader``)."""
+
+    def __init__(self, storage: Storage, groups: Groups, elections: Elections) -> None:
+        self._storage, self._groups, self._elections = storage, groups, elections
+
+    def fetch(self, key: str) -> Versioned | None:
+        return self._storage.fetch(key, linearizable=False)
+
+    def keys(self, namespace: str) -> frozenset[str]:
+        return self._storage.keys(namespace, linearizable=False)
+
+    def membership(self, group: str) -> dict[str, bytes]:
+        return self._groups.membership(group, linearizable=False)
+
+    def leadership(self, service: str) -> Leadership | None:
+        return self._elections.leadership(service, linearizable=False)

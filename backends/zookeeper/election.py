@@ -103,10 +103,10 @@ class Elections:
             if self._own.get((service, candidate_id)) == own:
                 del self._own[(service, candidate_id)]
 
-    def leadership(self, service: str) -> Leadership | None:
-        """The current leader and term, read linearizably."""
+    def leadership(self, service: str, *, linearizable: bool = True) -> Leadership | None:
+        """The current leader and term, read linearizably (else in this session's order)."""
         deadline = time.monotonic() + self._timeout
-        leader = self._lowest(service, deadline, barrier=True)
+        leader = self._lowest(service, deadline, barrier=linearizable)
         if leader is None:
             return None
         _, candidate_id, term = leader

@@ -97,8 +97,8 @@ class Groups:
         with self._lock:
             self._own.discard((group, member_id))
 
-    def membership(self, group: str) -> dict[str, bytes]:
-        """The live members of ``group`` and their data, read linearizably."""
+    def membership(self, group: str, *, linearizable: bool = True) -> dict[str, bytes]:
+        """The live members of ``group`` and their data, read linearizably (else in this session's order)."""
         deadline = time.monotonic() + self._timeout
         members = self._layout.members(group)
         while True:
@@ -106,7 +106,7 @@ class Groups:
             [listed] = self._connection.read(
                 lambda client: [client.get_children_async(members, include_data=True)],
                 deadline,
-                barrier=self._layout.barrier_path,
+                barrier=self._layout.barrier_path if linearizable else None,
             )
             if isinstance(listed, NoNodeError):
                 return {}

@@ -53,14 +53,15 @@ class Storage:
         self._timeout = timeout
         self._anchors = KnownPaths()
 
-    def fetch(self, key: str) -> Versioned | None:
-        """The value and version of ``key``, read linearizably."""
+    def fetch(self, key: str, *, linearizable: bool = True) -> Versioned | None:
+        """The value and version of ``key``, read linearizably (else in this session's order)."""
         deadline = time.monotonic() + self._timeout
         anchor = self._layout.anchor(key)
+        barrier = self._layout.barrier_path if linearizable else None
         while True:
             check_deadline(deadline, "fetch")
             [found] = self._connection.read(
-                lambda client: [client.get_async(anchor)], deadline, barrier=self._layout.barrier_path
+                lambda client: [client.get_async(anchor)], deadline, barrier=barrier
             )
             if isinstance(found, NoNodeError) or not found[0]:
                 return None
@@ -69,12 +70,13 @@ class Storage:
             if value is not None:
                 return Versioned(value, int(stat.mzxid))
 
-    def keys(self, namespace: str) -> frozenset[str]:
-        """The keys one level below ``namespace``, read linearizably."""
+    def keys(self, namespace: str, *, linearizable: bool = True) -> frozenset[str]:
+        """The keys one level below ``namespace``, read linearizably (else in this session's order)."""
         deadline = time.monotonic() + self._timeout
         directory = self._layout.directory(namespace)
+        barrier = self._layout.barrier_path if linearizable else None
         [names] = self._connection.read(
-            lambda client: [client.get_children_async(directory)], deadline, barrier=self._layout.barrier_path
+            lambda client: [client.get_children_async(directory)], deadline, barrier=barrier
         )
         if isinstance(names, NoNodeError):
             return frozenset()

@@ -3,11 +3,14 @@
 Each target maps to one znode: a value to its anchor (data watch, set with
 ``exists`` so that it also fires on creation), a namespace, group or
 election to its parent znode (child watch; an ``exists`` watch while that
-znode is missing). After a watch fires it is armed again and only *then* is
-the target reported changed, so the core's re-read comes after the re-arm:
-a change either precedes that read or fires the new watch. kazoo drops all
-watches when the connection breaks; ``rearm_all`` (called on every
-CONNECTED) arms them again and reports every target.
+znode is missing). After a watch fires, the request that arms it again is
+sent and only *then* is the target reported changed, so the core's re-read
+goes to the server after the re-arm (a session's requests are served in
+order): a change either precedes that read or fires the new watch. The
+report does not wait for the re-arm's reply, which saves the re-read a
+round trip. kazoo drops all watches when the connection breaks;
+``rearm_all`` (called on every CONNECTED) arms them again and reports every
+target once they are set.
 
 Callbacks run on kazoo's threads and never block: they only send
 asynchronous requests and call ``changed`` (which returns at once).
@@ -49,18 +52,28 @@ class _Watch:
         self._changed = changed
         self.active = True
 
-    def arm(self) -> None:
-        """Set the watch (again); the target is reported once it is set."""
+    def arm(self, *, reported: bool = False) -> None:
+        """Set the watch (again); the target is reported once it is set, unless ``reported``."""
         if not self.active:
             return
+        done: Callable[[Any], object]
         if self._children:
-            self._client.get_children_async(self._path, watch=self._fired).rawlink(self._children_set)
+            done = self._children_set_quietly if reported else self._children_set
+            self._client.get_children_async(self._path, watch=self._fired).rawlink(done)
         else:
-            self._client.exists_async(self._path, watch=self._fired).rawlink(self._set)
+            done = self._check if reported else self._set
+            self._client.exists_async(self._path, watch=self._fired).rawlink(done)
 
     def _fired(self, event: Any) -> None:
         if self.active and event.type != EventType.NONE:  # NONE: the connection broke; rearm_all follows
-            self.arm()
+            self.arm(reported=True)
+            self._changed(self._target)  # sent after the re-arm: the re-read is served after it
+
+    def _children_set_quietly(self, result: Any) -> None:
+        if self.active and isinstance(result.exception, NoNodeError):
+            self._children_set(result)  # the parent vanished: fall back to its exists watch
+        else:
+            self._check(result)
 
     def _children_set(self, result: Any) -> None:
         if self.active and isinstance(result.exception, NoNodeError):
@@ -76,13 +89,17 @@ class _Watch:
             self._set(result)
 
     def _set(self, result: Any) -> None:
-        if not self.active:
-            return
+        if self.active and self._check(result):
+            self._changed(self._target)
+
+    def _check(self, result: Any) -> bool:
+        """Whether the watch is set (or its znode is missing); logs other failures."""
         error = result.exception
         if error is None or isinstance(error, NoNodeError):
-            self._changed(self._target)
-        elif not isinstance(error, TRANSIENT):
+            return True
+        if self.active and not isinstance(error, TRANSIENT):
             log.warning("cannot watch %s in ZooKeeper: %s", self._target, type(error).__name__)
+        return False
 
 
 class Watches:

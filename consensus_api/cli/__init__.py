@@ -9,10 +9,14 @@ from __future__ import annotations
 import click
 
 from consensus_api.cli._common import ConsensusGroup
+from consensus_api.cli.bench import bench
+from consensus_api.cli.chaos import chaos
+from consensus_api.cli.check import check
 from consensus_api.cli.conformance import conformance
 from consensus_api.cli.demo import demo
 from consensus_api.cli.info import leader, members
 from consensus_api.cli.kv import kv
+from consensus_api.cli.migrate import migrate
 from consensus_api.cli.servers import servers
 from consensus_api.cli.watch import watch
 
@@ -30,7 +34,7 @@ def cli() -> None:
     """
 
 
-for _command in (kv, watch, members, leader, conformance, servers, demo):
+for _command in (kv, watch, members, leader, conformance, servers, demo, chaos, check, migrate, bench):
     cli.add_command(_command)
 
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ class Section:
     passed: int = 0
     failed: int = 0
     skipped: int = 0
+    not_applicable: int = 0
     seconds: float = 0.0
 
 
@@ -41,13 +43,22 @@ class Collector:
 
     A test's outcome is the worst of its phases: an error in setup or
     teardown counts as failed, a skip in setup as skipped. A module that
-    fails to import counts as one failed test of its section.
+    fails to import counts as one failed test of its section. Tests the
+    plugin did not collect because they do not apply to the backend are
+    counted as ``not_applicable``, with the reason.
     """
 
     outcomes: dict[str, str] = field(default_factory=dict)
     sections_of: dict[str, str] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     messages: dict[str, str] = field(default_factory=dict)
+    not_applicable: dict[str, str] = field(default_factory=dict)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        from consensus_api.conformance.plugin import NOT_APPLICABLE  # noqa: PLC0415 - imports pytest
+
+        reasons: dict[str, str] = session.config.stash.get(NOT_APPLICABLE, {})
+        self.not_applicable = dict(reasons)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._record(report.nodeid, report.outcome, report.duration, report)
@@ -72,9 +83,15 @@ class Collector:
         for nodeid, outcome in self.outcomes.items():
             section = result.setdefault(self.sections_of[nodeid], Section())
             setattr(section, outcome, getattr(section, outcome) + 1)
+        for nodeid in self.not_applicable:
+            result.setdefault(section_of(nodeid), Section()).not_applicable += 1
         for name, seconds in self.seconds.items():
             result.setdefault(name, Section()).seconds = seconds
         return dict(sorted(result.items()))
+
+    def reasons(self) -> dict[str, int]:
+        """How many tests did not apply, per reason."""
+        return dict(sorted(Counter(self.not_applicable.values()).items()))
 
     def failed_ids(self) -> list[str]:
         """The ids of every failed test (and broken module), in order."""
@@ -139,6 +156,10 @@ def conformance(url: str | None, url_option: str | None, as_json: bool, select: 
 
     URL may reference environment variables ('$CONSENSUS_URL'); without a URL the
     default resolution applies. Exit 1 if any test failed or was skipped, or none ran.
+    Tests that do not apply to the backend (fault tests that need a server
+    process the suite controls, SQLite-file faults) are not run and are listed
+    as not applicable with the reason; the fault tests find the server's
+    control file in $CONSENSUS_CONTROL, which `consensus servers run` sets.
     """
     if url is not None and url_option is not None:
         raise click.UsageError("give the URL either as argument or with --url, not both")
@@ -152,8 +173,16 @@ def conformance(url: str | None, url_option: str | None, as_json: bool, select: 
         summary = {
             "backend": backend,
             **totals,
+            "not_applicable": sum(s.not_applicable for s in sections.values()),
+            "not_applicable_reasons": collector.reasons(),
             "sections": {
-                name: {"passed": s.passed, "failed": s.failed, "skipped": s.skipped}
+                name: {
+                    "passed": s.passed,
+                    "failed": s.failed,
+                    "skipped": s.skipped,
+                    "not_applicable": s.not_applicable,
+                    "seconds": round(s.seconds, 1),
+                }
                 for name, s in sections.items()
             },
         }
@@ -172,7 +201,7 @@ def _print_report(
 ) -> None:
     table = Table(title=Text(f"conformance: {backend}"), title_justify="left")
     table.add_column("section")
-    for column in ("passed", "failed", "skipped", "time"):
+    for column in ("passed", "failed", "skipped", "n/a", "time"):
         table.add_column(column, justify="right")
     for name, s in sections.items():
         table.add_row(
@@ -180,11 +209,15 @@ def _print_report(
             Text(str(s.passed), style="green" if s.passed else ""),
             Text(str(s.failed), style="red" if s.failed else ""),
             Text(str(s.skipped), style="yellow" if s.skipped else ""),
+            Text(str(s.not_applicable), style="dim"),
             f"{s.seconds:.1f} s",
         )
     total_seconds = sum(s.seconds for s in sections.values())
+    not_applicable = sum(s.not_applicable for s in sections.values())
     table.add_section()
-    table.add_row("total", *(str(totals[kind]) for kind in KINDS), f"{total_seconds:.1f} s")
+    table.add_row(
+        "total", *(str(totals[kind]) for kind in KINDS), str(not_applicable), f"{total_seconds:.1f} s"
+    )
     console = out_console()
     console.print(table)
     for outcome, style in (("failed", "red"), ("skipped", "yellow")):
@@ -194,3 +227,5 @@ def _print_report(
             if collector.messages.get(nodeid):
                 line.append(f" - {collector.messages[nodeid]}", style="dim")
             console.print(line, soft_wrap=True)
+    for reason, count in collector.reasons().items():
+        console.print(Text(f"{count} test(s) {reason}", style="dim"), soft_wrap=True)

@@ -22,6 +22,7 @@ from consensus_api.cli._common import err_console, expand_env
 from consensus_api.errors import ConfigurationError
 
 NAMES = ("sqlite", "postgresql", "zookeeper", "etcd", "kafka")
+CONTROL_ENV = "CONSENSUS_CONTROL"
 _COMMAND_KEY = "consensus.servers.command"
 
 
@@ -29,6 +30,8 @@ class _Server(Protocol):
     url: str
 
     def stop(self) -> None: ...
+
+    def write_control(self, path: Path) -> None: ...
 
 
 class _SQLiteFile:
@@ -40,6 +43,9 @@ class _SQLiteFile:
 
     def stop(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def write_control(self, path: Path) -> None:
+        """A database file has no process to control: no control file."""
 
 
 class _SplitAtDashes(click.Command):
@@ -68,7 +74,12 @@ def run(ctx: click.Context, names: tuple[str, ...]) -> None:
     Usage: consensus servers run NAME... -- COMMAND...
     Each server's URL is exported as CONSENSUS_<NAME>_URL, and as CONSENSUS_URL
     when exactly one is named; '$CONSENSUS_URL' in COMMAND is expanded too.
-    'sqlite' means a fresh temp database file, no server.
+    Each server's control file (JSON: PID, command, ports, data dir; read by
+    consensus_api.testing.ServerHandle.attach, so COMMAND may kill, pause and
+    restart the server) is exported as CONSENSUS_<NAME>_CONTROL, and as
+    CONSENSUS_CONTROL when exactly one is named. At the end the servers are
+    stopped, also one that COMMAND restarted.
+    'sqlite' means a fresh temp database file, no server and no control file.
     """
     command: list[str] = ctx.meta.get(_COMMAND_KEY, [])
     if not command:
@@ -76,11 +87,17 @@ def run(ctx: click.Context, names: tuple[str, ...]) -> None:
     if len(set(names)) != len(names):
         raise click.UsageError("each server may be named once")
     try:
-        with _sigterm_raises(), _started(names) as urls:
+        with _sigterm_raises(), _started(names) as (urls, controls):
             exports = {f"CONSENSUS_{name.upper()}_URL": url for name, url in urls.items()}
+            exports.update(
+                {f"CONSENSUS_{name.upper()}_CONTROL": str(path) for name, path in controls.items()}
+            )
             if len(urls) == 1:
                 exports["CONSENSUS_URL"] = next(iter(urls.values()))
             env = {**os.environ, **exports}
+            env.pop(CONTROL_ENV, None)
+            if len(urls) == 1 and controls:
+                env[CONTROL_ENV] = exports[CONTROL_ENV] = str(next(iter(controls.values())))
             argv = [expand_env(arg, exports, only=set(exports)) for arg in command]
             status = _run_command(argv, env)
     except _TerminatedError:
@@ -89,23 +106,33 @@ def run(ctx: click.Context, names: tuple[str, ...]) -> None:
 
 
 @contextlib.contextmanager
-def _started(names: Sequence[str]) -> Iterator[dict[str, str]]:
-    """Start every server in turn (rich status on stderr); stop all of them on the way out."""
+def _started(names: Sequence[str]) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
+    """Start every server in turn (rich status on stderr); stop all of them on the way out.
+
+    Yields the URLs and the control files (servers only) by name.
+    """
     started: list[_Server] = []
     console = err_console()
+    controls_dir = Path(tempfile.mkdtemp(prefix="consensus-control-"))
     try:
         urls: dict[str, str] = {}
+        controls: dict[str, Path] = {}
         for name in names:
             with console.status(f"starting {name}…"):
                 server = _start(name)
             started.append(server)
             urls[name] = server.url
+            control = controls_dir / f"{name}.json"
+            server.write_control(control)
+            if control.exists():
+                controls[name] = control
             console.print(Text(f"{name} ready: {_redacted(server.url)}", style="green"))
-        yield urls
+        yield urls, controls
     finally:
         for server in reversed(started):
             with console.status("stopping servers…"):
                 server.stop()
+        shutil.rmtree(controls_dir, ignore_errors=True)
 
 
 def _start(name: str) -> _Server:

@@ -15,4 +15,14 @@ the suite never depends on (or wipes) what the backend already holds.
 """
 
 #: The sections of the suite, in SPEC order: ``test_<section>.py`` each.
-SECTIONS = ("storage", "listeners", "membership", "election", "session", "concurrency", "errors")
+SECTIONS = (
+    "storage",
+    "listeners",
+    "membership",
+    "election",
+    "session",
+    "concurrency",
+    "errors",
+    "faults",
+    "coordinator",
+)

@@ -7,28 +7,63 @@ may also override the ``consensus_url`` fixture in its own ``conftest.py``.
 
 Fixtures: ``consensus_url``, ``consensus_options``, ``open_session(**options)``,
 ``session``, ``shared_session`` (one per module, for tests that only validate
-arguments), ``ns`` (a unique key namespace per test) and
-``spawn_worker(command, *args, **options)`` (a child process, see ``worker.py``).
+arguments), ``ns`` (a unique key namespace per test),
+``spawn_worker(command, *args, **options)`` (a child process, see ``worker.py``),
+``server`` (a ``consensus_api.testing.ServerHandle`` on the tested server, from
+the control file ``--consensus-control`` names) and ``fault_timings``.
+
+Which tests apply depends on the backend: a test marked ``requires_server``
+needs a server process the suite controls (not SQLite, whose "server" is a
+file; and not an external server without a control file); one marked
+``database_file`` applies to SQLite only. Tests that do not apply are not
+collected (deselected, never skipped) and the run lists them with the reason
+("not applicable").
 """
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
 import consensus_api
 from consensus_api.config import ENV_URL, parse_url
+from consensus_api.conformance.faults_support import TimingLog
 from consensus_api.conformance.helpers import SessionFactory
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.errors import ConfigurationError
 from consensus_api.session import Session
 
+if TYPE_CHECKING:
+    from consensus_api.testing import ServerHandle
+
 URL_OPTION = "--consensus-url"
 OPTION_OPTION = "--consensus-option"
+CONTROL_OPTION = "--consensus-control"
+TIMINGS_OPTION = "--consensus-timings"
+CONTROL_ENV = "CONSENSUS_CONTROL"
+TIMINGS_ENV = "CONSENSUS_TIMINGS"
+
+#: Which test server serves a URL scheme (``consensus_api.testing``); SQLite has a file, not a server.
+SERVER_OF_SCHEME = {
+    "postgresql": "postgresql",
+    "postgresql+psycopg": "postgresql",
+    "zookeeper": "zookeeper",
+    "zk": "zookeeper",
+    "etcd": "etcd",
+    "kafka": "kafka",
+}
+FILE_SCHEMES = ("sqlite",)
+
+#: Node ids of the tests that do not apply to the tested backend, and why.
+NOT_APPLICABLE = pytest.StashKey[dict[str, str]]()
+TIMINGS = pytest.StashKey[TimingLog]()
 
 #: Options of every session the suite opens, unless the URL's query or --consensus-option sets them.
 TEST_DEFAULTS: dict[str, object] = {"session_timeout": 3, "connect_timeout": 10, "request_timeout": 10}
@@ -62,6 +97,112 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME=VALUE",
         help="a connection option for every session of the suite (repeatable), e.g. session_timeout=6",
     )
+    group.addoption(
+        CONTROL_OPTION,
+        dest="consensus_control",
+        default=None,
+        metavar="PATH",
+        help=f"control file of the tested server, for the fault tests (default: ${CONTROL_ENV}, "
+        "then $CONSENSUS_<SERVER>_CONTROL; `consensus servers run` writes and exports it)",
+    )
+    group.addoption(
+        TIMINGS_OPTION,
+        dest="consensus_timings",
+        default=None,
+        metavar="PATH",
+        help=f"write the timings the fault tests measure to PATH as JSON (default: ${TIMINGS_ENV})",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "requires_server: needs a server process the suite controls (not SQLite, not external)"
+    )
+    config.addinivalue_line("markers", "database_file: applies to a database file (SQLite) only")
+    path = config.getoption("consensus_timings", None) or os.environ.get(TIMINGS_ENV)
+    config.stash[TIMINGS] = TimingLog(Path(path) if path else None)
+    config.stash[NOT_APPLICABLE] = {}
+
+
+def _control_path(config: pytest.Config, server: str) -> str | None:
+    path: str | None = (
+        config.getoption("consensus_control")
+        or os.environ.get(CONTROL_ENV)
+        or os.environ.get(f"CONSENSUS_{server.upper()}_CONTROL")
+    )
+    return path or None
+
+
+def _control_problem(config: pytest.Config, url: str) -> str | None:
+    """Why the fault tests cannot control the server behind ``url``, or None if they can."""
+    scheme = url.partition("://")[0].lower()
+    server = SERVER_OF_SCHEME.get(scheme)
+    if server is None:
+        return f"no test server is known for {scheme}:// URLs"
+    path = _control_path(config, server)
+    if path is None:
+        return (
+            f"no control of the {server} server: run under `consensus servers run {server} -- ...` "
+            f"or pass {CONTROL_OPTION}=PATH"
+        )
+    try:
+        control = json.loads(Path(path).read_text())
+        name, port = control["name"], int(control["port"])
+        endpoints = parse_url(url)[0].endpoints
+    except (OSError, ValueError, KeyError, TypeError, ConfigurationError) as exc:
+        return f"unusable control file {path}: {exc}"
+    if name != server:
+        return f"the control file {path} is for {name}, the URL for {server}"
+    if not any(endpoint.port == port for endpoint in endpoints):
+        return f"the control file {path} controls port {port}, which the URL does not name"
+    return None
+
+
+def _not_applicable(item: pytest.Item, url: str, control_problem: str | None) -> str | None:
+    scheme = url.partition("://")[0].lower()
+    is_file = scheme in FILE_SCHEMES
+    if item.get_closest_marker("database_file") is not None and not is_file:
+        return "not applicable: a database-file fault (SQLite only)"
+    if item.get_closest_marker("requires_server") is not None:
+        if is_file:
+            return "not applicable: SQLite has no server process"
+        if control_problem is not None:
+            return f"not applicable: {control_problem}"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect (never skip) the tests that do not apply to the tested backend, with the reason."""
+    url = _configured_url(config)
+    if url is None:
+        return  # the tests fail with the missing-URL message
+    needs_control = any(item.get_closest_marker("requires_server") for item in items)
+    problem = _control_problem(config, url) if needs_control else None
+    reasons = {item.nodeid: reason for item in items if (reason := _not_applicable(item, url, problem))}
+    if not reasons:
+        return
+    config.stash[NOT_APPLICABLE] = reasons
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid in reasons])
+    items[:] = [item for item in items if item.nodeid not in reasons]
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    reasons = config.stash.get(NOT_APPLICABLE, {})
+    if reasons:
+        terminalreporter.section("consensus-api: tests that do not apply to this backend")
+        for reason, count in sorted(Counter(reasons.values()).items()):
+            terminalreporter.line(f"{count} test(s) {reason}")
+    timings = config.stash.get(TIMINGS, None)
+    if timings is not None and timings.timings:
+        terminalreporter.section("consensus-api: fault timings")
+        for line in timings.lines():
+            terminalreporter.line(line)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    timings = config.stash.get(TIMINGS, None)
+    if timings is not None:
+        timings.write()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -152,6 +293,39 @@ def spawn_worker(consensus_url: str, consensus_options: dict[str, object]) -> It
     yield factory
     for worker in workers:
         worker.close()
+
+
+@pytest.fixture(scope="session")
+def fault_timings(pytestconfig: pytest.Config) -> TimingLog:
+    """Where fault tests record what they measure (printed at the end, written to --consensus-timings)."""
+    return pytestconfig.stash[TIMINGS]
+
+
+@pytest.fixture(scope="session")
+def controlled_server(pytestconfig: pytest.Config, consensus_url: str) -> ServerHandle:
+    """The tested server, from its control file; fails (never skips) when there is none."""
+    problem = _control_problem(pytestconfig, consensus_url)
+    if problem is not None:
+        pytest.fail(f"this test needs a controlled server: {problem}", pytrace=False)
+    server = SERVER_OF_SCHEME[consensus_url.partition("://")[0].lower()]
+    path = _control_path(pytestconfig, server)
+    assert path is not None
+    try:
+        from consensus_api.testing import ServerHandle  # noqa: PLC0415 - needs the test extra
+    except ImportError as exc:
+        pytest.fail(f"controlling a server needs pip install 'consensus-api[test]' ({exc})", pytrace=False)
+    return ServerHandle.attach(Path(path))
+
+
+@pytest.fixture
+def server(controlled_server: ServerHandle) -> Iterator[ServerHandle]:
+    """The tested server (pause, resume, kill, restart); running and ready again after the test."""
+    yield controlled_server
+    controlled_server.resume()
+    if controlled_server.running():
+        controlled_server.wait_ready(60)
+    else:
+        controlled_server.restart(90)
 
 
 def _close_all(sessions: list[Session]) -> None:

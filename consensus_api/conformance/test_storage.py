@@ -269,3 +269,31 @@ def test_reads_are_linearizable_across_sessions(open_session: SessionFactory, ns
     assert reader.storage.fetch(f"{ns}/lin") is None
     writer.storage.put(f"{ns}/new", b"n")
     assert f"{ns}/new" in reader.storage.keys(ns)
+
+
+def test_walk_yields_every_key_below_at_any_depth(session: Session, ns: str) -> None:
+    """walk(ns) yields each live key below ns once, at any depth, with its value and version.
+
+    Not ns itself, not deleted keys, not keys of a sibling whose name extends
+    ns's (``ns_x``, ``ns%``, ``ns0``); more keys than one page of any backend.
+    """
+    expected: dict[str, Versioned] = {}
+    names = [f"p{number:03d}" for number in range(300)] + ["a_b", "a%b", "d/e", "d/e/f", "x/y/z/w", "ü/🔑"]
+    for name in names:
+        key, value = f"{ns}/{name}", name.encode() + b"\x00\xff"
+        expected[key] = Versioned(value, session.storage.put(key, value))
+    session.storage.put(ns, b"ns itself")
+    for sibling in (f"{ns}_x/k", f"{ns}%/k", f"{ns}0/k", f"{ns}-a"):
+        session.storage.put(sibling, b"outside")
+    session.storage.put(f"{ns}/gone/k", b"deleted")
+    session.storage.delete(f"{ns}/gone/k")
+    walked = list(session.storage.walk(ns))
+    assert len(walked) == len({key for key, _ in walked}), "a key was yielded twice"
+    assert dict(walked) == expected
+    assert all(isinstance(key, str) and type(found.value) is bytes for key, found in walked)
+    assert dict(session.storage.walk(f"{ns}/d")) == {
+        f"{ns}/d/e": expected[f"{ns}/d/e"],
+        f"{ns}/d/e/f": expected[f"{ns}/d/e/f"],
+    }
+    assert list(session.storage.walk(f"{ns}/nothing")) == []
+    assert list(session.storage.walk(f"{ns}/p000")) == []

@@ -24,7 +24,14 @@ Commands:
     print ``READY leads|follows <term or ->``. Then serve stdin lines:
     ``FENCED_PUT KEY`` (a put fenced by the leadership held at READY:
     ``FENCED_PUT ok <version>``, ``FENCED_PUT fenced`` or
-    ``FENCED_PUT error <class>``) and ``EXIT`` (close, print ``BYE``).
+    ``FENCED_PUT error <class>``), ``FENCED put|update|delete KEY`` (the same
+    write fenced by that leadership, timed: ``FENCED <op> ok|fenced|<error
+    class> <seconds>``) and ``EXIT`` (close, print ``BYE``).
+``sqlite-lock --hold S [--wipe]``
+    no session: open the SQLite file of URL, ``BEGIN IMMEDIATE`` (the write
+    lock), with ``--wipe`` delete every row of every table (uncommitted), print
+    ``READY``, hold the lock for S seconds, roll back, print ``DONE``. The
+    parent may SIGKILL it while it holds the lock.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import contextlib
 import os
 import queue
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -51,6 +59,7 @@ from consensus_api import (
     VersionConflictError,
     connect,
 )
+from consensus_api.config import parse_url
 from consensus_api.conformance.helpers import EVENT_TIMEOUT, EventLog
 from consensus_api.session import Session
 
@@ -174,10 +183,50 @@ def _run_hold(session: Session, commands: _Commands, args: argparse.Namespace) -
                 emit("FENCED_PUT error", type(exc).__name__)
             else:
                 emit("FENCED_PUT ok", version)
+        elif command == "FENCED":
+            _fenced_write(session, held, *argument.split(" ", 1))
         else:
             emit("ERROR unknown command", command)
     session.close()
     emit("BYE")
+    return 0
+
+
+def _fenced_write(session: Session, held: Leadership | None, operation: str, key: str) -> None:
+    storage = session.storage
+    start = time.monotonic()
+    try:
+        if operation == "put":
+            storage.put(key, b"stale leader", fence=held)
+        elif operation == "update":
+            storage.update(key, b"stale leader", fence=held)
+        else:
+            storage.delete(key, fence=held)
+        outcome = "ok"
+    except FencedError:
+        outcome = "fenced"
+    except ConsensusError as exc:
+        outcome = type(exc).__name__
+        print(f"FENCED {operation} {key}: {outcome}: {exc}", file=sys.stderr, flush=True)
+    emit("FENCED", operation, outcome, f"{time.monotonic() - start:.3f}")
+
+
+def _run_sqlite_lock(url: str, commands: _Commands, hold: float, wipe: bool) -> int:
+    """Hold SQLite's write lock (optionally with every row deleted, uncommitted) for ``hold`` seconds."""
+    path = parse_url(url)[0].path[1:]
+    connection = sqlite3.connect(path, timeout=30, isolation_level=None)
+    connection.execute("BEGIN IMMEDIATE")
+    if wipe:
+        tables = connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        ).fetchall()
+        for (table,) in tables:
+            connection.execute(f'DELETE FROM "{table}"')
+    emit("READY")
+    time.sleep(hold)
+    connection.execute("ROLLBACK")
+    connection.close()
+    emit("DONE")
     return 0
 
 
@@ -196,6 +245,9 @@ def _parser() -> argparse.ArgumentParser:
     hold = commands.add_parser("hold", parents=[common])
     for name in ("group", "member", "service", "candidate"):
         hold.add_argument(f"--{name}", required=True)
+    lock = commands.add_parser("sqlite-lock", parents=[common])
+    lock.add_argument("--hold", type=float, required=True)
+    lock.add_argument("--wipe", action="store_true")
     return parser
 
 
@@ -210,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = os.environ.get("CONSENSUS_URL", "") if args.url == "-" else args.url
     options = dict(item.partition("=")[::2] for item in args.opt)
     commands = _Commands(deadline)
+    if args.command == "sqlite-lock":
+        return _run_sqlite_lock(url, commands, args.hold, args.wipe)
     try:
         session = connect(url, **options)
     except ConsensusError as exc:

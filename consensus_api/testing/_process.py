@@ -3,17 +3,26 @@
 Every server runs in its own session (mirakuru starts it with ``setsid``); it
 and its descendants are signalled by PID only, never by name. Its output goes
 to ``<dir>/server.log``.
+
+A handle can be handed to another process through a *control file*
+(``ServerHandle.write_control`` / ``ServerHandle.attach``): JSON with the
+server's name, URL, ports, data dir, command and current PID. A handle that
+restarts the server writes the new PID back, and ``stop`` of any handle bound
+to the file stops the PID the file names at that moment, so the process that
+started the server also stops a server another process restarted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -150,6 +159,19 @@ def _wait_gone(pids: Sequence[int], timeout: float) -> None:
         time.sleep(0.01)
 
 
+def _wait_reaped(pid: int, timeout: float) -> None:
+    """Wait (at most ``timeout``) until ``pid`` is gone, zombie included."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            pass
+        time.sleep(0.01)
+
+
 class ServerHandle:
     """One running real server: its client address, URL and a control handle.
 
@@ -170,6 +192,8 @@ class ServerHandle:
         stop_signal: int = signal.SIGTERM,
         stop_timeout: float = 30,
         popen_kwargs: dict[str, Any] | None = None,
+        proxy_port: int | None = None,
+        proxy_target: int | None = None,
     ) -> None:
         self.name = name
         self.url = url
@@ -177,12 +201,21 @@ class ServerHandle:
         self.port = port
         self.directory = directory
         self.log_path = directory / "server.log"
+        #: The port a TCP proxy in front of this server must listen on (None: any free port). Kafka
+        #: advertises a listener at this address, so clients that bootstrap through the proxy stay on it.
+        self.proxy_port = proxy_port
+        #: The server port a TCP proxy forwards to.
+        self.proxy_target = proxy_target if proxy_target is not None else port
         self._command = list(command)
         self._probe = probe
         self._stop_signal = stop_signal
         self._stop_timeout = stop_timeout
         self._popen_kwargs = popen_kwargs or {}
         self._executor: _SessionExecutor | None = None
+        self._adopted: int | None = None  # a server process this handle did not start with mirakuru
+        self._spawned: subprocess.Popen[bytes] | None = None  # one an attached handle started
+        self._attached = False
+        self._control: Path | None = None
         self._stopped = False
 
     def __repr__(self) -> str:
@@ -198,11 +231,102 @@ class ServerHandle:
 
     def _pid_or_none(self) -> int | None:
         proc = self._executor.process if self._executor else None
-        return proc.pid if proc is not None else None
+        return proc.pid if proc is not None else self._adopted
 
     def running(self) -> bool:
         """True while the server process exists (paused counts as running)."""
-        return self._executor is not None and self._executor.running()
+        if self._executor is not None:
+            return self._executor.running()
+        if self._spawned is not None:
+            self._spawned.poll()  # reap it if it died
+        return self._adopted is not None and _alive(self._adopted)
+
+    # Control files: handing the server to another process
+
+    def write_control(self, path: Path) -> None:
+        """Describe this server in the JSON file ``path`` and keep its PID there current.
+
+        ``ServerHandle.attach(path)`` in another process rebuilds a handle that
+        can pause, kill and restart the server; ``stop`` on either stops the
+        process the file names.
+        """
+        self._control = path
+        self._save_control()
+        threading.Thread(target=self._reap, name=f"{self.name}-reaper", daemon=True).start()
+
+    def _reap(self) -> None:
+        """Reap our server process as soon as it dies (another process may kill it): PostgreSQL's
+        restart refuses to start while the old postmaster's PID exists, even as a zombie."""
+        while not self._stopped:
+            executor = self._executor
+            proc = executor.process if executor is not None else None
+            if proc is not None:
+                proc.poll()
+            time.sleep(0.05)
+
+    @classmethod
+    def attach(cls, path: Path) -> ServerHandle:
+        """A handle on the server described by the control file ``path`` (see ``write_control``).
+
+        Raises ValueError if the file is unreadable or names an unknown server.
+        """
+        try:
+            data = json.loads(Path(path).read_text())
+            name, port = str(data["name"]), int(data["port"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"unreadable server control file {path}: {exc}") from None
+        from consensus_api.testing import probe_for  # noqa: PLC0415 - the probes import this module
+
+        handle = cls(
+            name,
+            str(data["url"]),
+            port,
+            Path(data["directory"]),
+            command=[str(part) for part in data["command"]],
+            probe=probe_for(name, port),
+            stop_signal=int(data["stop_signal"]),
+            stop_timeout=float(data["stop_timeout"]),
+            popen_kwargs=dict(data["popen_kwargs"]),
+            proxy_port=data.get("proxy_port"),
+            proxy_target=data.get("proxy_target"),
+        )
+        handle._control = Path(path)
+        handle._adopted = data.get("pid")
+        handle._attached = True
+        return handle
+
+    def _save_control(self) -> None:
+        if self._control is None:
+            return
+        data = {
+            "name": self.name,
+            "url": self.url,
+            "host": self.host,
+            "port": self.port,
+            "proxy_port": self.proxy_port,
+            "proxy_target": self.proxy_target,
+            "directory": str(self.directory),
+            "command": self._command,
+            "stop_signal": int(self._stop_signal),
+            "stop_timeout": self._stop_timeout,
+            "popen_kwargs": self._popen_kwargs,
+            "pid": self._pid_or_none() if self.running() else None,
+        }
+        staging = self._control.with_name(self._control.name + ".tmp")
+        staging.write_text(json.dumps(data, indent=1))
+        os.replace(staging, self._control)
+
+    def _adopt_current(self) -> None:
+        """Adopt the PID the control file names if another process restarted the server."""
+        if self._control is None:
+            return
+        try:
+            pid = json.loads(self._control.read_text()).get("pid")
+        except (OSError, ValueError, AttributeError):
+            return
+        own = self._executor.process.pid if self._executor and self._executor.process else None
+        if isinstance(pid, int) and pid != own and _alive(pid):
+            self._adopted = pid
 
     def spawn(self) -> None:
         """Start the server process without waiting for readiness."""
@@ -212,6 +336,9 @@ class ServerHandle:
             raise RuntimeError(f"{self.name} is already running")
         if self._executor is not None:
             self._executor.kill()  # reap a process that died on its own, and its leftovers
+        if self._attached:
+            self._spawn_detached()
+            return
         with self.log_path.open("ab") as log:
             self._executor = _SessionExecutor(
                 self._command,
@@ -224,6 +351,24 @@ class ServerHandle:
                 popen_kwargs=self._popen_kwargs,
             )
             self._executor.start()
+        self._adopted = None
+        self._save_control()
+
+    def _spawn_detached(self) -> None:
+        """An attached handle's start: a plain child in its own session, which outlives this
+        process (mirakuru would kill it at exit); the process that wrote the control file stops it."""
+        with self.log_path.open("ab") as log:
+            self._spawned = subprocess.Popen(
+                self._command,
+                cwd=str(self.directory),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **self._popen_kwargs,
+            )
+        self._adopted = self._spawned.pid
+        self._save_control()
 
     def wait_ready(self, timeout: float) -> None:
         """Block until the readiness probe passes.
@@ -232,8 +377,8 @@ class ServerHandle:
         """
         deadline = time.monotonic() + timeout
         while True:
-            proc = self._executor.process if self._executor else None
-            if proc is None or proc.poll() is not None:
+            proc = self._executor.process if self._executor else self._spawned
+            if not self.running():
                 code = proc.returncode if proc is not None else None
                 raise RuntimeError(
                     f"{self.name} exited (code {code}) before it was ready\n{log_tail(self.log_path)}"
@@ -246,7 +391,8 @@ class ServerHandle:
 
     def _family(self) -> list[int]:
         """The server process and its descendants (PostgreSQL's children start their own sessions)."""
-        return [self.pid, *_descendants(self.pid)] if self.running() else []
+        pids = [pid for pid in (self._pid_or_none(), self._adopted) if pid is not None and _alive(pid)]
+        return [member for pid in dict.fromkeys(pids) for member in (pid, *_descendants(pid))]
 
     def pause(self) -> None:
         """Freeze the server process and all its descendants (SIGSTOP)."""
@@ -263,6 +409,11 @@ class ServerHandle:
             self._executor.kill()
         _send(family, signal.SIGKILL)
         _wait_gone(family, self._stop_timeout)
+        if self._spawned is not None:
+            self._spawned.wait(self._stop_timeout)  # no zombie: PostgreSQL would see its PID alive
+        if self._adopted is not None:
+            _wait_reaped(self._adopted, 5.0)  # another process's child: its reaper takes it
+        self._adopted = None
 
     def restart(self, timeout: float = 60) -> None:
         """Kill the server if running, start it on the same port(s) and data dir, and wait until ready."""
@@ -271,18 +422,30 @@ class ServerHandle:
         self.wait_ready(timeout)
 
     def stop(self) -> None:
-        """Stop gracefully (SIGKILL after the stop timeout) and remove the server's dir. Idempotent."""
+        """Stop gracefully (SIGKILL after the stop timeout) and remove the server's dir. Idempotent.
+
+        With a control file, the process it names is stopped too (another process may have restarted
+        the server).
+        """
+        self._adopt_current()
         family = self._family()
+        _send(family, signal.SIGCONT)
         if self._executor is not None:
-            if self.running():
-                self.resume()
+            if self._executor.running():
                 with contextlib.suppress(ProcessFinishedWithError):  # a non-zero exit code is fine here
                     self._executor.stop()
             self._executor.kill()  # reaps a process that died on its own, with its marked leftovers
+        if self._adopted is not None and _alive(self._adopted):
+            _send([self._adopted], self._stop_signal)
+            with contextlib.suppress(RuntimeError):
+                _wait_gone([self._adopted], self._stop_timeout)
         _send([pid for pid in family if _alive(pid)], signal.SIGKILL)
         _wait_gone(family, self._stop_timeout)
         self._executor = None
+        self._adopted = None
         self._stopped = True
+        if self._control is not None:
+            self._control.unlink(missing_ok=True)
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> Self:

@@ -31,7 +31,7 @@ def _binary() -> str:
     return on_path
 
 
-def _probe(port: int) -> bool:
+def probe(port: int) -> bool:
     """A linearizable range request succeeds only when the member is leader and serving."""
     request = urllib.request.Request(
         f"http://{HOST}:{port}/v3/kv/range",
@@ -78,6 +78,6 @@ def start(workdir: Path | None = None) -> ServerHandle:
         "--unsafe-no-fsync",
     ]
     handle = ServerHandle(
-        "etcd", f"etcd://{HOST}:{client}", client, directory, command=command, probe=lambda: _probe(client)
+        "etcd", f"etcd://{HOST}:{client}", client, directory, command=command, probe=lambda: probe(client)
     )
     return launch(handle, START_TIMEOUT)

@@ -5,6 +5,14 @@ The jars come from ``kafka-pom.xml`` via ``scripts/install.sh`` into
 auto-creation, no initial rebalance delay, 1 s minimum group session,
 replication factor 1 and one partition for internal topics, and a 3 s broker
 session so a restart after kill -9 re-registers within seconds.
+
+Besides its ``PLAINTEXT`` listener the broker has a ``PROXIED`` listener that
+advertises another loopback port (``ServerHandle.proxy_port``) where nothing
+listens until a test starts a TCP proxy there
+(``consensus_api.testing.proxy``) forwarding to it: a client that bootstraps
+through the proxy learns the proxy's address from the metadata, so every one
+of its connections (bootstrap, partition leader, group coordinator) runs
+through the proxy.
 """
 
 from __future__ import annotations
@@ -65,16 +73,20 @@ def libs_dir() -> Path:
     return libs
 
 
-def _server_properties(directory: Path, broker: int, controller: int) -> str:
+def _server_properties(directory: Path, broker: int, controller: int, proxied: int, proxy: int) -> str:
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.bootstrap.servers": f"{HOST}:{controller}",
-        "listeners": f"PLAINTEXT://{HOST}:{broker},CONTROLLER://{HOST}:{controller}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{broker},CONTROLLER://{HOST}:{controller}",
+        "listeners": (
+            f"PLAINTEXT://{HOST}:{broker},CONTROLLER://{HOST}:{controller},PROXIED://{HOST}:{proxied}"
+        ),
+        "advertised.listeners": (
+            f"PLAINTEXT://{HOST}:{broker},CONTROLLER://{HOST}:{controller},PROXIED://{HOST}:{proxy}"
+        ),
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT",
         "log.dirs": str(directory / "data"),
         "num.partitions": "1",
         "default.replication.factor": "1",
@@ -106,7 +118,7 @@ def _cluster_id() -> str:
     return cid
 
 
-def _probe(port: int) -> bool:
+def probe(port: int) -> bool:
     """Ready when a client can bootstrap and the broker lists itself."""
     try:
         socket.create_connection((HOST, port), timeout=1).close()
@@ -137,9 +149,9 @@ def start(workdir: Path | None = None) -> ServerHandle:
     java = java_binary()
     classpath = str(libs_dir() / "*")
     directory = Path(tempfile.mkdtemp(prefix="kafka-", dir=workdir))
-    broker, controller = free_port(), free_port()
+    broker, controller, proxied, proxy = free_port(), free_port(), free_port(), free_port()
     config, log4j = directory / "server.properties", directory / "log4j2.properties"
-    config.write_text(_server_properties(directory, broker, controller))
+    config.write_text(_server_properties(directory, broker, controller, proxied, proxy))
     log4j.write_text(LOG4J2)
     common = [f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
     handle = ServerHandle(
@@ -148,7 +160,9 @@ def start(workdir: Path | None = None) -> ServerHandle:
         broker,
         directory,
         command=[java, *BROKER_JVM, *common, "kafka.Kafka", str(config)],
-        probe=lambda: _probe(broker),
+        probe=lambda: probe(broker),
+        proxy_port=proxy,
+        proxy_target=proxied,
     )
     cluster_id = _cluster_id()
     try:

@@ -93,7 +93,7 @@ def _prepare_data(bindir: Path, data: Path, owner: pwd.struct_passwd, log: Path)
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _probe(port: int) -> bool:
+def probe(port: int) -> bool:
     import psycopg  # noqa: PLC0415 - only needed once a server is started
 
     try:
@@ -141,7 +141,7 @@ def start(workdir: Path | None = None) -> ServerHandle:
         port,
         directory,
         command=command,
-        probe=lambda: _probe(port),
+        probe=lambda: probe(port),
         stop_signal=signal.SIGINT,
         popen_kwargs=_as_owner(owner),
     )

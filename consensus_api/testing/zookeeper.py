@@ -25,7 +25,7 @@ def _classpath() -> str:
     return ":".join(str(p) for p in parts)
 
 
-def _probe(port: int) -> bool:
+def probe(port: int) -> bool:
     """``srvr`` answers only once the server serves (``ruok`` answers earlier)."""
     return b"Zookeeper version:" in tcp_request(port, b"srvr")
 
@@ -66,7 +66,7 @@ def start(workdir: Path | None = None) -> ServerHandle:
         port,
         directory,
         command=command,
-        probe=lambda: _probe(port),
+        probe=lambda: probe(port),
     )
     return launch(handle, START_TIMEOUT)
 

@@ -1,0 +1,47 @@
+"""Checking recorded histories (``consensus check``): linearizability, elections, membership, listeners.
+
+``check_history(directory, engine="spark" | "local")`` reads every Parquet
+history in ``directory`` (see docs/history-format.md) and returns an
+:class:`Outcome`; both engines run the same per-object checks and reach the
+same verdicts.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from consensus_api.checker.local import history_files, run_backends, run_local
+from consensus_api.checker.result import Outcome
+from consensus_api.checker.wgl import Budget
+from consensus_api.errors import ConfigurationError
+
+__all__ = ["Budget", "Outcome", "check_history"]
+
+
+def check_history(
+    directory: Path,
+    engine: str = "spark",
+    budget: Budget | None = None,
+    master: str = "local[*]",
+    session: Any = None,
+) -> Outcome:
+    """Check the histories in ``directory``; ``session`` reuses a running SparkSession."""
+    paths = history_files(directory)
+    if not paths:
+        raise ConfigurationError(f"no history (*.parquet) in {directory}")
+    budget = budget or Budget()
+    began = time.monotonic()
+    if engine == "local":
+        table = run_local(directory, budget)
+    elif engine == "spark":
+        from consensus_api.checker.spark import run_spark, spark_session  # noqa: PLC0415 - optional
+
+        table = run_spark(directory, budget, session or spark_session(master))
+    else:
+        raise ConfigurationError(f"unknown engine {engine!r}; expected spark or local")
+    outcome = Outcome.from_rows(table.to_pylist(), engine)
+    outcome.runs = run_backends(paths)
+    outcome.seconds = time.monotonic() - began
+    return outcome

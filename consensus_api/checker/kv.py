@@ -1,0 +1,177 @@
+"""Per-key checks: linearizability of storage operations, and the listeners' events.
+
+Linearizability: the WGL search over the key's operations against the
+versioned-register model. Listeners, per observer: versions never go back;
+every event shows a value that was written (with the version that write
+returned); and after quiescence the last event equals the observer's own
+final read and, together with every other settled observer, a state that
+ends a linearization of the key's history.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consensus_api.checker import model, wgl
+from consensus_api.checker.ops import (
+    ERROR,
+    EXPECTED,
+    PASS,
+    PROCESS,
+    TYPE,
+    UNKNOWN,
+    VALUE,
+    VERSION,
+    VIOLATION,
+    F,
+    Finding,
+    Operation,
+    Row,
+    T,
+    bar,
+    point,
+)
+from consensus_api.checker.shrink import History, shrink
+
+LINEARIZABILITY = "linearizability"
+LISTENERS = "listeners"
+
+_CODES = {"fetch": model.FETCH, "put": model.PUT, "update": model.UPDATE, "delete": model.DELETE}
+_FAILURES = {
+    "KeyExistsError": model.EXISTS,
+    "KeyNotFoundError": model.NOT_FOUND,
+    "VersionConflictError": model.CONFLICT,
+}
+
+
+def to_model(op: Operation) -> model.Op | None:
+    """The model operation, or None for one without effect or information (a failed read, a fenced write)."""
+    f, outcome, invoke = _CODES[op.f], op.outcome, op.invoke
+    if f == model.FETCH:
+        if outcome != "ok" or op.done is None:
+            return None
+        return (f, None, None, model.OK, op.done[VALUE], op.done[VERSION])
+    arg, expected = invoke[VALUE], invoke[EXPECTED]
+    if outcome == "info" or op.done is None:
+        return (f, arg, expected, model.UNKNOWN, None, None)
+    if outcome == "fail":
+        result = _FAILURES.get(str(op.done[ERROR]))
+        return None if result is None else (f, arg, expected, result, None, None)
+    return (f, arg, expected, model.OK, None, op.done[VERSION])
+
+
+def _event_text(row: Row) -> str:
+    return "absent" if row[VALUE] is None else f"{row[VALUE]}@{row[VERSION]}"
+
+
+def check_key(
+    key: str, ops: list[Operation], events: list[Row], budget: wgl.Budget
+) -> tuple[list[Finding], int]:
+    """Both checks of one key; also returns the search steps."""
+    history = History([(op, m) for op in ops if op.f in _CODES and (m := to_model(op)) is not None])
+    for op, m in history.pairs:
+        if m[0] == model.FETCH and isinstance(m[4], str) and op.ret is not None:
+            history.observed[m[4]] = min(history.observed.get(m[4], op.ret), op.ret)
+    for row in events:
+        if row[F] in ("value", "final") and row[VALUE] is not None:
+            history.observed[row[VALUE]] = min(history.observed.get(row[VALUE], row[T]), row[T])
+    listener_problems, observations = _listener_problems(history, events)
+    final, end = None, 0
+    if observations:  # a read after everything: one point later than the key's last row
+        final = (model.FINAL, None, None, model.OK, tuple(sorted(observations.values(), key=str)), None)
+        end = 1 + max([row[T] for row in events] + [op.done[T] if op.done else op.call for op in ops])
+    result = history.search(budget, final, end)
+    steps = result.steps
+    lin_finding = Finding(LINEARIZABILITY, key, PASS, len(history.pairs), steps)
+    if result.verdict == wgl.ILLEGAL and final is not None:
+        without = history.search(budget, None, end)
+        steps += without.steps
+        if without.verdict == wgl.OK:
+            listener_problems.append(
+                (
+                    "the settled listeners' last events are no final state of any linearization",
+                    _final_items(observations, events),
+                )
+            )
+        result = without
+    if result.verdict == wgl.UNKNOWN:
+        lin_finding.verdict, lin_finding.message = UNKNOWN, result.reason
+    elif result.verdict == wgl.ILLEGAL:
+        lin_finding.verdict = VIOLATION
+        lin_finding.message, lin_finding.timeline = shrink(history, result, budget)
+    listeners = Finding(LISTENERS, key, PASS, len(events))
+    if listener_problems:
+        listeners.verdict = VIOLATION
+        listeners.message = listener_problems[0][0]
+        listeners.timeline = listener_problems[0][1]
+    return [lin_finding, listeners], steps
+
+
+def _final_items(observations: dict[int, tuple[Any, Any]], events: list[Row]) -> list[dict[str, Any]]:
+    last = {row[PROCESS]: row for row in events if row[F] == "value"}
+    return [point(last[p], f"last event {_event_text(last[p])}", True) for p in observations if p in last]
+
+
+def _listener_problems(
+    history: History, events: list[Row]
+) -> tuple[list[tuple[str, list[dict[str, Any]]]], dict[int, tuple[Any, Any]]]:
+    """Order, phantom and convergence problems, and each settled observer's last (value, version)."""
+    if not events:
+        return [], {}
+    written = {  # writes that took or may have taken effect
+        op.invoke[VALUE]: op
+        for op, m in history.pairs
+        if m[0] in (model.PUT, model.UPDATE) and m[3] in (model.OK, model.UNKNOWN)
+    }
+    problems: list[tuple[str, list[dict[str, Any]]]] = []
+    observations: dict[int, tuple[Any, Any]] = {}
+    last: dict[int, Row] = {}
+    high: dict[int, Row] = {}
+    for row in events:
+        process, f = row[PROCESS], row[F]
+        if f == "watch":
+            last.pop(process, None)
+        elif f == "value":
+            previous, top = last.get(process), high.get(process)
+            same = previous is not None and (previous[VALUE], previous[VERSION]) == (row[VALUE], row[VERSION])
+            if row[VALUE] is not None and not same and top is not None and row[VERSION] <= top[VERSION]:
+                items = [point(top, _event_text(top)), point(row, _event_text(row), True)]
+                problems.append((f"observer {process}: version {row[VERSION]} after {top[VERSION]}", items))
+            if row[VALUE] is not None:
+                problems += _phantom(row, written.get(row[VALUE]))
+                if top is None or row[VERSION] > top[VERSION]:
+                    high[process] = row
+            last[process] = row
+        elif f == "final":
+            seen = last.get(process)
+            if seen is None:
+                problems.append(
+                    (f"observer {process} got no event before the end", [point(row, "final read")])
+                )
+                continue
+            observations[process] = (seen[VALUE], seen[VERSION])
+            if (seen[VALUE], seen[VERSION]) != (row[VALUE], row[VERSION]):
+                items = [
+                    point(seen, f"last event {_event_text(seen)}", True),
+                    point(row, f"read {_event_text(row)}"),
+                ]
+                problems.append((f"observer {process}: last event differs from its final read", items))
+    return problems, observations
+
+
+def _phantom(row: Row, write: Operation | None) -> list[tuple[str, list[dict[str, Any]]]]:
+    if write is None or write.call > row[T]:
+        return [
+            (
+                f"event shows {row[VALUE]!r}, which no write had written by then",
+                [point(row, _event_text(row), True)],
+            )
+        ]
+    done = write.done
+    if done is not None and done[TYPE] == "ok" and done[VERSION] != row[VERSION]:
+        items = [
+            bar(write, f"{write.f}({row[VALUE]}) -> {done[VERSION]}"),
+            point(row, _event_text(row), True),
+        ]
+        return [(f"event shows {row[VALUE]!r} at version {row[VERSION]}, written as {done[VERSION]}", items)]
+    return []

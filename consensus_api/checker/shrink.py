@@ -1,0 +1,145 @@
+"""A key's history as the WGL search sees it, and the shrinking of a violation to a small slice.
+
+Every reduction keeps a history only if it is still not linearizable, and
+each is sound (a linearizable history stays linearizable under it), so the
+slice is itself a proof of the violation:
+
+1. cut at the failing operation's return: later operations go, open writes
+   become indeterminate, open reads and failed writes go;
+2. drop reads and failed writes (they only constrain), chunk by chunk;
+3. start at the latest successful put or update that overlaps nothing left
+   and precedes the failing operation: its result fixes the state, so the
+   operations before it go.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from consensus_api.checker import model, wgl
+from consensus_api.checker.ops import Operation, bar
+
+SHRINK_SECONDS = 2.0
+_CONSTRAINTS = (model.EXISTS, model.NOT_FOUND, model.CONFLICT)
+
+Item = tuple[Operation, model.Op, int, int | None]  # operation, model op, call, return
+Illegal = Callable[[list[Item], model.State], bool]
+
+
+@dataclass(slots=True)
+class History:
+    """The operations of one key that the model sees, with their model form.
+
+    ``observed`` maps a written value to the first time it was seen (a read's
+    return, an event's arrival). A write whose outcome is unknown but whose
+    unique value was seen took effect before that: it gets that time as its
+    return, which is sound and keeps it from staying open forever.
+    """
+
+    pairs: list[tuple[Operation, model.Op]]
+    observed: dict[str, int] = field(default_factory=dict)
+
+    def items(self) -> list[Item]:
+        return [(op, m, op.call, self._ret(op, m)) for op, m in self.pairs]
+
+    def _ret(self, op: Operation, m: model.Op) -> int | None:
+        if m[3] != model.UNKNOWN:
+            return op.ret
+        seen = self.observed.get(m[1]) if m[1] is not None else None  # a put's or update's value
+        return seen if seen is not None and seen > op.call else None
+
+    def search(self, budget: wgl.Budget, final: model.Op | None, end: int) -> wgl.Result[model.State]:
+        """Search the key's history, with ``final`` (if any) as a read at time ``end``."""
+        items = self.items()
+        calls, rets, ops = [i[2] for i in items], [i[3] for i in items], [i[1] for i in items]
+        if final is not None:
+            calls.append(end)
+            rets.append(end)
+            ops.append(final)
+        return wgl.search(calls, rets, ops, model.step, initial=model.INITIAL, budget=budget)
+
+
+def _search(items: list[Item], initial: model.State, budget: wgl.Budget) -> wgl.Result[model.State]:
+    calls, rets, ops = [i[2] for i in items], [i[3] for i in items], [i[1] for i in items]
+    return wgl.search(calls, rets, ops, model.step, initial=initial, budget=budget)
+
+
+def shrink(
+    history: History, result: wgl.Result[model.State], budget: wgl.Budget
+) -> tuple[str, list[dict[str, Any]]]:
+    """A message naming the failing operation, and the timeline of a small violating slice."""
+    items = history.items()
+    assert result.failed_op is not None
+    failed = items[result.failed_op]
+    deadline = time.monotonic() + SHRINK_SECONDS
+    small = wgl.Budget(seconds=min(budget.seconds, SHRINK_SECONDS), states=budget.states)
+
+    def illegal(trial: list[Item], initial: model.State = model.INITIAL) -> bool:
+        return time.monotonic() < deadline and _search(trial, initial, small).verdict == wgl.ILLEGAL
+
+    if failed[3] is not None:
+        cut = _truncate(items, failed, failed[3])
+        items = cut if illegal(cut) else items
+    removable = [i for i in items if i is not failed and (i[1][0] == model.FETCH or i[1][3] in _CONSTRAINTS)]
+    chunk = max(1, len(removable) // 2)
+    while removable and time.monotonic() < deadline:
+        for start in range(0, len(removable), chunk):
+            drop = {id(i) for i in removable[start : start + chunk]}
+            trial = [i for i in items if id(i) not in drop]
+            if drop and illegal(trial):
+                items = trial
+        removable = [i for i in removable if any(i is j for j in items)]
+        if chunk == 1:
+            break
+        chunk = max(1, chunk // 2)
+    initial, items = _start_at_fixed_state(items, failed, illegal)
+    op, m = failed[0], failed[1]
+    state = "unknown" if result.state is None else _state_text(result.state)
+    message = (
+        f"{model.describe(m)} by process {op.process} cannot be linearized "
+        f"(longest valid prefix: {len(result.order)} ops, ending in state {state}); "
+        f"slice of {len(items)} ops" + ("" if initial == model.INITIAL else " from a fixed state")
+    )
+    timeline = [bar(i[0], model.describe(i[1]), i is failed) for i in sorted(items, key=lambda i: i[2])]
+    return message, timeline
+
+
+def _truncate(items: list[Item], failed: Item, until: int) -> list[Item]:
+    """The history up to ``until``: operations still open then become indeterminate writes or go."""
+    cut: list[Item] = []
+    for item in items:
+        op, m, call, ret = item
+        if call > until:
+            continue
+        if item is failed or (ret is not None and ret <= until):
+            cut.append(item)
+        elif m[0] in (model.PUT, model.UPDATE, model.DELETE) and m[3] not in _CONSTRAINTS:
+            cut.append((op, (m[0], m[1], m[2], model.UNKNOWN, None, None), call, None))
+    return cut
+
+
+def _start_at_fixed_state(
+    items: list[Item], failed: Item, illegal: Illegal
+) -> tuple[model.State, list[Item]]:
+    """Step 3 of the module docstring; the initial state and the items of the slice."""
+    for item in sorted(items, key=lambda i: -i[2]):
+        _, m, call, ret = item
+        if ret is None or ret >= failed[2] or m[0] not in (model.PUT, model.UPDATE) or m[3] != model.OK:
+            continue
+        if any(j is not item and j[2] <= ret and (j[3] is None or j[3] >= call) for j in items):
+            continue  # overlaps another operation
+        after = [j for j in items if j[2] > ret]
+        state: model.State = (m[1], m[5], m[5] if m[5] is not None else -1)
+        if illegal(after, state):
+            return state, [item, *after]
+    return model.INITIAL, items
+
+
+def _state_text(state: model.State) -> str:
+    value, version, floor = state
+    if value is None:
+        return "absent"
+    return f"{value}@{version if version is not None else f'>{floor}'}"

@@ -1,0 +1,272 @@
+"""Helpers of the coordinator section: recording handlers, an ownership ledger, a child member.
+
+``RecordingHandler`` records every callback with its thread and checks the
+callback order a member must see. ``Ledger`` records, in one total order, when
+each in-process member starts and stops owning each resource, so a test can
+prove that no resource was ever owned by two members at once.
+``CoordinatorChild`` runs one coordinator member in a child process
+(``python -m consensus_api.conformance.coordination``) that a test can SIGKILL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from consensus_api import ConsensusError, connect
+from consensus_api.conformance.helpers import EVENT_TIMEOUT, EventLog
+
+EOF_LINE = "<eof>"
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One handler callback: its name, arguments and the thread it ran on."""
+
+    name: str
+    args: tuple[object, ...]
+    thread: str
+
+
+class RecordingHandler:
+    """A CoordinatorHandler that records its callbacks; the leader assigns ``b"<protocol>:<member>"``."""
+
+    def __init__(self, protocols: Sequence[tuple[str, bytes]] = (("p1", b"m"),)) -> None:
+        self.protocols = list(protocols)
+        self.calls: EventLog[Call] = EventLog("coordinator callbacks")
+        self._hold = 0.0
+
+    def hold_next_prepare(self, seconds: float) -> None:
+        """Make the next ``on_join_prepare`` take ``seconds`` (a member too slow to rejoin)."""
+        self._hold = seconds
+
+    def _record(self, name: str, *args: object) -> None:
+        self.calls(Call(name, args, threading.current_thread().name))
+
+    def metadata(self) -> list[tuple[str, bytes]]:
+        return list(self.protocols)
+
+    def on_join_prepare(self, generation: int, member_id: str) -> None:
+        self._record("prepare", generation, member_id)
+        hold, self._hold = self._hold, 0.0
+        if hold:
+            time.sleep(hold)
+
+    def perform_assignment(
+        self, leader_id: str, protocol: str, members: Mapping[str, bytes]
+    ) -> dict[str, bytes]:
+        self._record("assign", leader_id, protocol, dict(members))
+        return {member: f"{protocol}:{member}".encode() for member in members}
+
+    def on_join_complete(self, generation: int, member_id: str, protocol: str, assignment: bytes) -> None:
+        self._record("complete", generation, member_id, protocol, assignment)
+
+    def on_leave_prepare(self) -> None:
+        self._record("leave")
+
+    def named(self, name: str, since: int = 0) -> list[Call]:
+        """The calls named ``name`` from index ``since`` on."""
+        return [call for call in self.calls.events[since:] if call.name == name]
+
+    def check_order(self) -> None:
+        """Every complete follows a prepare, generations increase: never two assignments at once."""
+        prepared, last = False, -1
+        for call in self.calls.events:
+            if call.name == "prepare":
+                prepared = True
+            elif call.name == "complete":
+                generation = int(str(call.args[0]))
+                assert prepared, f"on_join_complete without on_join_prepare before it: {self.calls.events}"
+                assert generation > last, f"generation {generation} after {last}: {self.calls.events}"
+                prepared, last = False, generation
+
+
+class Ledger:
+    """When each member started and stopped owning each resource, in one total order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.events: list[tuple[str, str, frozenset[str]]] = []
+        self.owned: dict[str, set[str]] = {}
+
+    def listener(self, member: str) -> _LedgerListener:
+        """A ResourceListener recording for ``member``."""
+        with self._lock:
+            self.owned.setdefault(member, set())
+        return _LedgerListener(self, member)
+
+    def record(self, member: str, kind: str, resources: frozenset[str]) -> None:
+        with self._lock:
+            self.events.append((member, kind, resources))
+            if kind == "+":
+                self.owned[member] |= resources
+            else:
+                self.owned[member] -= resources
+
+    def snapshot(self) -> dict[str, frozenset[str]]:
+        """member -> what it owns now."""
+        with self._lock:
+            return {member: frozenset(resources) for member, resources in self.owned.items()}
+
+    def mark(self) -> int:
+        """A position in the event list (for ``callbacks``)."""
+        with self._lock:
+            return len(self.events)
+
+    def callbacks(self, member: str, since: int) -> list[tuple[str, frozenset[str]]]:
+        """``member``'s callbacks after ``since``."""
+        with self._lock:
+            return [(kind, r) for m, kind, r in self.events[since:] if m == member]
+
+    def double_owned(self) -> list[str]:
+        """Every moment a member started a resource another member still owned."""
+        holder: dict[str, str] = {}
+        problems: list[str] = []
+        with self._lock:
+            events = list(self.events)
+        for index, (member, kind, resources) in enumerate(events):
+            for resource in resources:
+                if kind == "-":
+                    if holder.get(resource) == member:
+                        del holder[resource]
+                    continue
+                other = holder.get(resource)
+                if other is not None and other != member:
+                    problems.append(f"event {index}: {member} started {resource} still owned by {other}")
+                holder[resource] = member
+        return problems
+
+    def balanced(self, members: Sequence[str], resources: frozenset[str]) -> bool:
+        """Every resource owned by exactly one of ``members``, counts differing by at most one."""
+        snapshot = self.snapshot()
+        held = [snapshot.get(m, frozenset()) for m in members]
+        total = sum(len(h) for h in held)
+        union = frozenset().union(*held) if held else frozenset()
+        return (
+            total == len(resources) and union == resources and max(map(len, held)) - min(map(len, held)) <= 1
+        )
+
+
+@dataclass(frozen=True)
+class _LedgerListener:
+    ledger: Ledger
+    member: str
+
+    def on_assigned(self, resources: frozenset[str]) -> None:
+        self.ledger.record(self.member, "+", resources)
+
+    def on_revoked(self, resources: frozenset[str]) -> None:
+        self.ledger.record(self.member, "-", resources)
+
+
+class CoordinatorChild:
+    """A coordinator member in a child process; prints ``COMPLETE <generation> <member id>`` lines."""
+
+    def __init__(self, url: str, group: str, options: Mapping[str, object], lifetime: float = 120.0) -> None:
+        argv = [
+            sys.executable,
+            "-m",
+            "consensus_api.conformance.coordination",
+            group,
+            "--lifetime",
+            str(lifetime),
+        ]
+        for name, value in options.items():
+            argv += ["--opt", f"{name}={value}"]
+        self.lines: EventLog[str] = EventLog("coordinator child")
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env={**os.environ, "CONSENSUS_URL": url},
+        )
+        self._reader = threading.Thread(target=self._read, name="coordinator-child-reader", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines(line.rstrip("\n"))
+        self.lines(EOF_LINE)
+
+    def expect(self, prefix: str, timeout: float = EVENT_TIMEOUT) -> str:
+        """The first line starting with ``prefix``."""
+        try:
+            line = self.lines.wait_for(lambda text: text.startswith((prefix, EOF_LINE)), timeout, what=prefix)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nchild stderr:\n{self.stderr_tail()}") from None
+        if line == EOF_LINE:
+            raise AssertionError(f"the child exited before {prefix!r}; stderr:\n{self.stderr_tail()}")
+        return line
+
+    def stderr_tail(self, limit: int = 3000) -> str:
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-limit:]
+
+    def kill(self) -> None:
+        """SIGKILL the child, by pid."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def close(self) -> None:
+        """Kill the child if it still runs, and reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            self.kill()
+        self._reader.join(5)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        self._stderr.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The child: join GROUP, report completes, live until stdin closes or the lifetime ends."""
+    parser = argparse.ArgumentParser(prog="python -m consensus_api.conformance.coordination")
+    parser.add_argument("group")
+    parser.add_argument("--opt", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--lifetime", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    watchdog = threading.Timer(args.lifetime + 5, lambda: os._exit(3))
+    watchdog.daemon = True
+    watchdog.start()
+    options = dict(item.partition("=")[::2] for item in args.opt)
+    rebalance = float(options.pop("rebalance_timeout", 10))
+
+    class Reporting(RecordingHandler):
+        def on_join_complete(self, generation: int, member_id: str, protocol: str, assignment: bytes) -> None:
+            print("COMPLETE", generation, member_id, flush=True)
+
+    try:
+        with connect(os.environ["CONSENSUS_URL"], **options) as session:
+            coordinator = session.coordinator(args.group, "test", Reporting(), rebalance_timeout=rebalance)
+            coordinator.ensure_active_group()
+            stopped = threading.Event()
+
+            def watch_stdin() -> None:
+                sys.stdin.read()
+                stopped.set()
+
+            threading.Thread(target=watch_stdin, daemon=True).start()
+            stopped.wait(args.lifetime)
+    except ConsensusError as exc:
+        print("ERROR", type(exc).__name__, exc, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,343 @@
+"""Support for the ``faults`` section (``test_faults.py``): bounds, call timing and recorded timings.
+
+Nothing here imports pytest. The bounds the fault tests assert are defined
+here, in one place, and documented in ``docs/guarantees.md``:
+
+* a dead or cut-off client's ephemeral state is gone, for observers, within
+  ``session_timeout + detection_delay(backend)`` (+ ``SCHEDULING_SLACK``);
+* no API call blocks longer than ``request_timeout + CALL_SLACK`` during a fault.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from consensus_api.conformance.helpers import EventLog, unique, wait_until
+from consensus_api.conformance.worker import WorkerProcess
+from consensus_api.errors import ConsensusError
+from consensus_api.model import (
+    KeySetChanged,
+    LeaderChanged,
+    Leadership,
+    MembershipChanged,
+    SessionState,
+    ValueChanged,
+    Versioned,
+)
+from consensus_api.session import Session
+
+#: Short timeouts keep the section fast: the options of every session a fault test opens.
+SESSION_TIMEOUT = 3.0
+REQUEST_TIMEOUT = 3.0
+FAULT_OPTIONS: dict[str, object] = {
+    "session_timeout": SESSION_TIMEOUT,
+    "request_timeout": REQUEST_TIMEOUT,
+    "connect_timeout": 15,
+}
+
+#: How much longer than its ``request_timeout`` a call may block during a fault.
+CALL_SLACK = 1.0
+CALL_LIMIT = REQUEST_TIMEOUT + CALL_SLACK
+
+
+class Record(Protocol):
+    """``record(measure, seconds, note="")``: keeps a timing of the running test."""
+
+    def __call__(self, measure: str, seconds: float, note: str = "") -> None: ...
+
+
+#: Added to every liveness bound: a loaded 2-core CI machine runs five backends at once.
+SCHEDULING_SLACK = 2.0
+
+
+def detection_delay(backend: str, session_timeout: float) -> float:
+    """What ``backend`` adds to ``session_timeout`` before others see a dead session's state gone.
+
+    * sqlite, postgresql: a lapsed lease is reaped at the next heartbeat of any
+      session (every ``session_timeout / 3``), then listeners are told
+      (PostgreSQL NOTIFY; SQLite polls every 25 ms);
+    * zookeeper: the server expires sessions on tick boundaries (``tickTime``
+      500 ms on the test server): up to two ticks;
+    * etcd: the lease TTL is ``session_timeout`` rounded up to whole seconds,
+      and the server checks for expired leases every 500 ms;
+    * kafka: the coordinator expires the member after ``session_timeout``;
+      the remaining candidates need a heartbeat (``session_timeout / 6``, at
+      most 1 s) to notice the rebalance, a JoinGroup/SyncGroup round and a
+      claim through the command log.
+    """
+    if backend in ("sqlite", "postgresql"):
+        return session_timeout / 3 + 0.5
+    if backend == "zookeeper":
+        return 1.0
+    if backend == "etcd":
+        return math.ceil(session_timeout) - session_timeout + 1.0
+    if backend == "kafka":
+        return min(1.0, session_timeout / 6) + 1.5
+    return 2.0
+
+
+def loss_bound(backend: str, session_timeout: float) -> float:
+    """The bound the fault tests give a loss to show: timeout + detection delay + scheduling slack."""
+    return session_timeout + detection_delay(backend, session_timeout) + SCHEDULING_SLACK
+
+
+@dataclass
+class Timing:
+    """One measured interval of a fault test."""
+
+    backend: str
+    test: str
+    measure: str
+    seconds: float
+    note: str = ""
+
+
+@dataclass
+class TimingLog:
+    """Every ``Timing`` of the run; written as JSON to ``path`` at the end when one is given."""
+
+    path: Path | None = None
+    timings: list[Timing] = field(default_factory=list)
+
+    def record(self, backend: str, test: str, measure: str, seconds: float, note: str = "") -> None:
+        """Record that ``measure`` took ``seconds`` in ``test`` on ``backend`` (with a ``note``)."""
+        self.timings.append(Timing(backend, test, measure, round(seconds, 3), note))
+
+    def write(self) -> None:
+        """Write every timing as a JSON list to ``path`` (if set)."""
+        if self.path is not None:
+            self.path.write_text(json.dumps([asdict(t) for t in self.timings], indent=1) + "\n")
+
+    def lines(self) -> list[str]:
+        """One readable line per timing."""
+        return [
+            f"{t.backend:<10} {t.test:<48} {t.measure:<38} {t.seconds:7.3f} s {t.note}".rstrip()
+            for t in self.timings
+        ]
+
+
+@dataclass
+class Call:
+    """One API call made during a fault: what, how long, and how it ended."""
+
+    name: str
+    seconds: float
+    outcome: str
+
+
+class Prober:
+    """A thread that keeps calling a session's API during a fault and times every call.
+
+    It cycles through ``put`` (a new key each time: the acknowledged ones are
+    kept in ``acked``), ``fetch``, ``keys``, ``membership`` and ``leadership``.
+    ``stop`` ends it (bounded) and ``check`` asserts that no call blocked longer
+    than ``request_timeout + CALL_SLACK``.
+    """
+
+    def __init__(self, session: Session, namespace: str, group: str, service: str) -> None:
+        self.session = session
+        self.limit = session.settings.request_timeout + CALL_SLACK
+        self.calls: list[Call] = []
+        self.acked: dict[str, Versioned] = {}
+        self._namespace = namespace
+        self._group = group
+        self._service = service
+        self._stop = threading.Event()
+        self._current = ("no call", time.monotonic())
+        self._thread = threading.Thread(target=self._run, name="ct-prober", daemon=True)
+
+    def __enter__(self) -> Prober:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if kind is None:
+            self.stop()
+        else:
+            self._stop.set()  # the test failed already: report that, not a slow call
+
+    def stop(self) -> None:
+        """End the thread; waits at most one call's limit."""
+        self._stop.set()
+        self._thread.join(self.limit + 1)
+        if self._thread.is_alive():
+            name, started = self._current
+            raise AssertionError(
+                f"{name} has been blocked for {time.monotonic() - started:.1f}s, more than request_timeout "
+                f"+ {CALL_SLACK:g}s ({self.limit:g}s); the calls before it: {self.calls[-4:]}"
+            )
+
+    def _run(self) -> None:
+        storage = self.session.storage
+        index = 0
+        while not self._stop.is_set():
+            key = f"{self._namespace}/probe-{index}"
+            value = f"probe-{index}".encode()
+            version = self._timed("put", lambda: storage.put(key, value))  # noqa: B023 - called at once
+            if isinstance(version, int):
+                self.acked[key] = Versioned(value, version)
+            self._timed("fetch", lambda: storage.fetch(key))  # noqa: B023
+            self._timed("keys", lambda: storage.keys(self._namespace))
+            self._timed("membership", lambda: self.session.group(self._group).membership())
+            self._timed("leadership", lambda: self.session.election(self._service).leadership())
+            index += 1
+            self._stop.wait(0.05)
+
+    def _timed(self, name: str, call: Callable[[], Any]) -> Any:
+        if self._stop.is_set():
+            return None  # stopping: only the call in progress may still run
+        start = time.monotonic()
+        self._current = (name, start)
+        try:
+            result = call()
+            outcome = "ok"
+        except ConsensusError as exc:
+            result, outcome = None, type(exc).__name__
+        self.calls.append(Call(name, time.monotonic() - start, outcome))
+        return result
+
+    def longest(self) -> float:
+        """The longest call so far, in seconds."""
+        return max((call.seconds for call in self.calls), default=0.0)
+
+    def check(self) -> None:
+        """Assert that no call blocked longer than ``request_timeout + CALL_SLACK``."""
+        slow = [call for call in self.calls if call.seconds > self.limit]
+        assert not slow, (
+            f"calls blocked longer than request_timeout + {CALL_SLACK:g}s ({self.limit:g}s): {slow}"
+        )
+
+    def failures(self) -> set[str]:
+        """The names of the errors calls raised."""
+        return {call.outcome for call in self.calls if call.outcome != "ok"}
+
+
+def timed_call(limit: float, call: Callable[[], Any]) -> tuple[Any, BaseException | None, float]:
+    """Run ``call``: (its result or None, the ``ConsensusError`` it raised or None, seconds).
+
+    Asserts that it took at most ``limit`` seconds.
+    """
+    start = time.monotonic()
+    error: BaseException | None = None
+    result: Any = None
+    try:
+        result = call()
+    except ConsensusError as exc:
+        error = exc
+    seconds = time.monotonic() - start
+    assert seconds <= limit, f"the call blocked {seconds:.2f}s, longer than {limit:g}s (raised {error!r})"
+    return result, error, seconds
+
+
+def not_connected(state: SessionState) -> bool:
+    """SUSPENDED or LOST: the session noticed trouble."""
+    return state in (SessionState.SUSPENDED, SessionState.LOST)
+
+
+@dataclass
+class Subject:
+    """A session under a fault: a member ``m``, the leading candidate ``c``, acknowledged writes and
+    listeners on a value, a namespace, the group and the election."""
+
+    session: Session
+    ns: str
+    group: str = field(default_factory=lambda: unique("ct-group"))
+    service: str = field(default_factory=lambda: unique("ct-service"))
+    states: EventLog[SessionState] = field(default_factory=lambda: EventLog("state"))
+    values: EventLog[ValueChanged] = field(default_factory=lambda: EventLog("value"))
+    keysets: EventLog[KeySetChanged] = field(default_factory=lambda: EventLog("keyset"))
+    members: EventLog[MembershipChanged] = field(default_factory=lambda: EventLog("members"))
+    leaders: EventLog[LeaderChanged] = field(default_factory=lambda: EventLog("leader"))
+    acked: dict[str, Versioned] = field(default_factory=dict)
+    held: Leadership | None = None
+
+    def __post_init__(self) -> None:
+        session, storage = self.session, self.session.storage
+        session.add_state_listener(self.states)
+        session.group(self.group).join("m", b"data")
+        assert session.election(self.service).nominate("c")
+        self.held = session.election(self.service).leadership()
+        for index in range(3):
+            key, value = f"{self.ns}/before-{index}", f"v{index}".encode()
+            self.acked[key] = Versioned(value, storage.put(key, value))
+        session.listeners.add_value_listener(f"{self.ns}/after", self.values)
+        session.listeners.add_keyset_listener(self.ns, self.keysets)
+        session.group(self.group).add_listener(self.members)
+        session.election(self.service).add_listener(self.leaders)
+        self.keysets.wait_last(lambda event: len(event.keys) == 3, what="the acknowledged keys")
+        self.leaders.wait_for(lambda event: event.leader_id == "c", what="the subject leading")
+
+    @property
+    def term(self) -> int:
+        assert self.held is not None
+        return self.held.term
+
+    def probe(self) -> Prober:
+        """A prober on this session: times calls and collects acknowledged writes during a fault."""
+        return Prober(self.session, self.ns, self.group, self.service)
+
+    def lost(self) -> bool:
+        """Whether the session was LOST at some point."""
+        return SessionState.LOST in self.states.events
+
+
+def recovered(subject: Subject, prober: Prober, bound: float, record: Record, since: float) -> None:
+    """After the fault: usable, CONNECTED, every acknowledged write intact, listeners converged, the
+    member and candidacy back (with the same term unless the session was LOST)."""
+    prober.check()
+    session, storage = subject.session, subject.session.storage
+    wait_until(lambda: session.state is SessionState.CONNECTED, bound, what="CONNECTED again")
+    attempts: list[BaseException | None] = []
+
+    def write() -> int | None:
+        version, error, _ = timed_call(CALL_LIMIT, lambda: storage.put(f"{subject.ns}/after", b"after"))
+        attempts.append(error)
+        return version if isinstance(version, int) else None
+
+    written = wait_until(write, bound, what="a write succeeds again", observe=lambda: attempts[-3:])
+    states = ",".join(state.name for state in subject.states.events) or "CONNECTED throughout"
+    record("fault end -> writable", time.monotonic() - since, note=states)
+    for key, stored in {**subject.acked, **prober.acked}.items():
+        assert storage.fetch(key) == stored, f"the acknowledged write of {key} ({stored}) was lost"
+    subject.values.wait_last(lambda event: event.version == written and event.value == b"after", bound)
+    expected = storage.keys(subject.ns)
+    subject.keysets.wait_last(lambda event: event.keys == expected, bound, what=f"keys {sorted(expected)}")
+    subject.members.wait_last(lambda event: dict(event.members) == {"m": b"data"}, bound, what="m back")
+    now = wait_until(lambda: session.election(subject.service).leadership(), bound, what="a leader")
+    assert now.leader_id == "c", now
+    assert now.term > subject.term if subject.lost() else now.term == subject.term, (now, subject.states)
+    subject.leaders.wait_last(lambda event: (event.leader_id, event.term) == ("c", now.term), bound)
+
+
+def leading_child(
+    spawn: Callable[..., WorkerProcess], group: str, member: str, service: str
+) -> tuple[WorkerProcess, int]:
+    """A child process that joined ``group`` as ``member`` and leads ``service`` as ``c-<member>``."""
+    child = spawn("hold", "--group", group, "--member", member, "--service", service, "--candidate",
+                  f"c-{member}", **FAULT_OPTIONS)  # fmt: skip
+    _, ready = child.expect("READY", 60)
+    assert ready.split()[1] == "leads", ready
+    return child, int(ready.split()[2])
+
+
+def led_by(session: Session, service: str, candidate: str) -> Leadership | None:
+    """The leadership of ``service`` if ``candidate`` holds it, else None."""
+    leadership = session.election(service).leadership()
+    return leadership if leadership is not None and leadership.leader_id == candidate else None
+
+
+def fenced_lines(child: WorkerProcess, count: int, since: int, bound: float) -> list[str]:
+    """The next ``count`` ``FENCED`` report lines of ``child`` at index ``since`` or later."""
+    lines, index = [], since
+    for _ in range(count):
+        index, line = child.expect("FENCED ", bound, since=index)
+        lines.append(line)
+        index += 1
+    return lines

@@ -1,0 +1,26 @@
+"""The Coordinator (SPEC section 8): Kafka's rebalance protocol, and incremental rebalancing.
+
+* :class:`Coordinator` (``session.coordinator``): register with protocol
+  metadata, one member is the leader and assigns, every member receives its
+  assignment; eager, generation by generation. On Kafka it is the real
+  JoinGroup/SyncGroup protocol, elsewhere the generic engine
+  (:mod:`.generic`, :mod:`.arbiter`) on storage, membership and election.
+* :class:`ResourceHandler`: a ready-made handler spreading named resources
+  with the assignors of :mod:`consensus_api.assignors`, eager or cooperative.
+* :class:`IncrementalCoordinator` (``session.incremental_coordinator``):
+  KIP-848 reconciliation, no group-wide barrier, on every backend.
+"""
+
+from consensus_api.coordinator.core import Coordinator
+from consensus_api.coordinator.handler import CoordinatorHandler, Generation, ResourceListener
+from consensus_api.coordinator.incremental import IncrementalCoordinator
+from consensus_api.coordinator.resources import ResourceHandler
+
+__all__ = [
+    "Coordinator",
+    "CoordinatorHandler",
+    "Generation",
+    "IncrementalCoordinator",
+    "ResourceHandler",
+    "ResourceListener",
+]

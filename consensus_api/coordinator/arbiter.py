@@ -1,0 +1,347 @@
+"""The arbiter of a generic group: what Kafka's broker-side group coordinator does, run by the
+member that leads the group's election, on its own thread.
+
+It drives the generation record (every write fenced by its leadership and
+compared with the record's version, so a deposed arbiter changes nothing):
+
+* ``stable`` -> ``preparing`` (generation + 1) when the admitted members
+  differ from the generation's, or a member asked for a rebalance by joining
+  the next generation early. Members are admitted in seniority order while
+  they keep a protocol in common; the others are named ``rejected`` without a
+  new generation, so an incompatible joiner never disturbs the group.
+* ``preparing`` -> ``syncing`` once every awaited member wrote its join; a
+  member that has not joined within ``rebalance_timeout`` is left out, also of
+  later generations until it joins again (as Kafka removes it). The
+  protocol is chosen from the joins (:func:`negotiation.choose`), the leader
+  is kept from the last generation when possible.
+* ``syncing`` -> ``stable`` once the leader's assignment is stored; the record
+  names its version. A member leaving, or the leader not assigning within
+  ``rebalance_timeout``, starts a new generation instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from consensus_api.coordinator.loop import Mirror, StepThread
+from consensus_api.coordinator.negotiation import Offer, admit, choose
+from consensus_api.coordinator.records import (
+    PREPARING,
+    STABLE,
+    SYNCING,
+    Completed,
+    GenerationRecord,
+    JoinRecord,
+    Layout,
+    decode_offer,
+)
+from consensus_api.errors import (
+    ConsensusError,
+    FencedError,
+    KeyExistsError,
+    KeyNotFoundError,
+    VersionConflictError,
+)
+from consensus_api.model import KeySetChanged, Leadership, MembershipChanged, ValueChanged
+
+if TYPE_CHECKING:
+    from consensus_api.session import Session
+
+log = logging.getLogger("consensus_api.coordinator")
+
+IDLE = 1.0
+
+
+class Arbiter:
+    """Runs while its member leads the group's election (``lead``); idle otherwise."""
+
+    def __init__(self, session: Session, layout: Layout, own_id: str, rebalance_timeout: float) -> None:
+        self._session = session
+        self._layout = layout
+        self._own = own_id
+        self._timeout = rebalance_timeout
+        self._lock = threading.Lock()
+        self._leadership: Leadership | None = None
+        self._thread = StepThread(f"consensus-arbiter-{layout.group}", self._step, self._stop_mirrors)
+        self._members: Mirror[MembershipChanged] | None = None
+        self._records: Mirror[ValueChanged] | None = None
+        self._joins: tuple[int, Mirror[KeySetChanged]] | None = None
+        self._assignment: tuple[str, Mirror[ValueChanged]] | None = None
+        self._known: tuple[GenerationRecord | None, int | None] = (None, None)
+        self._round: tuple[int, str, float] = (-1, "", 0.0)
+        self._timed_out: set[str] = set()
+
+    def lead(self, leadership: Leadership | None) -> None:
+        """This member leads (``leadership``) or does not (None). Any thread."""
+        with self._lock:
+            self._leadership = leadership
+        if leadership is not None:
+            self._thread.start()
+        self._thread.wake()
+
+    def stop(self) -> None:
+        """Stop arbitrating for good."""
+        self._thread.stop(self._session.settings.request_timeout)
+
+    # The arbiter thread
+
+    def _step(self) -> float:
+        with self._lock:
+            leadership = self._leadership
+        if leadership is None:
+            self._stop_mirrors()
+            return IDLE
+        members, records = self._start_mirrors()
+        if members is None or records is None:
+            return IDLE  # the first events wake us
+        record, version = self._latest(records)
+        if record is None:
+            self._write(leadership, GenerationRecord(0, STABLE), version)
+            return 0.0
+        live = {member: decode_offer(data) for member, data in members.members.items()}
+        order = [m for m in record.members if m in live]
+        order += [self._own] if self._own in live and self._own not in order else []
+        order += sorted(m for m in live if m not in order)
+        accepted, rejected = admit(order, live)
+        if record.state == STABLE:
+            return self._stable(leadership, record, version, accepted, rejected)
+        if record.state == PREPARING:
+            return self._preparing(leadership, record, version, accepted, rejected)
+        return self._syncing(leadership, record, version, accepted, rejected=rejected, live=set(live))
+
+    def _stable(
+        self,
+        lead: Leadership,
+        record: GenerationRecord,
+        version: int | None,
+        accepted: list[str],
+        rejected: list[str],
+    ) -> float:
+        requests = self._joined(record.generation + 1)
+        if requests is None:
+            return IDLE
+        self._timed_out &= set(accepted) - requests  # left out until it joins again
+        wanted = [m for m in accepted if m not in self._timed_out]
+        if set(wanted) != set(record.members) or requests & set(wanted):
+            state = PREPARING if wanted else STABLE
+            self._new_round(record.generation + 1)
+            done = record.completed if wanted else None
+            new = GenerationRecord(
+                record.generation + 1, state, tuple(wanted), tuple(rejected), completed=done
+            )
+            self._write(lead, new, version)
+        elif set(rejected) != set(record.rejected):
+            self._write(lead, dataclasses.replace(record, rejected=tuple(rejected)), version)
+        return IDLE
+
+    def _preparing(
+        self,
+        lead: Leadership,
+        record: GenerationRecord,
+        version: int | None,
+        accepted: list[str],
+        rejected: list[str],
+    ) -> float:
+        generation = record.generation
+        joined = self._joined(generation)
+        if joined is None:
+            return IDLE
+        remaining = self._remaining(generation, PREPARING)
+        self._timed_out &= set(accepted) - joined
+        expected = [m for m in accepted if m not in self._timed_out]
+        if remaining <= 0:
+            self._timed_out.update(m for m in expected if m not in joined)
+            expected = [m for m in expected if m in joined]
+        if not expected:
+            self._write(lead, GenerationRecord(generation, STABLE, (), tuple(rejected)), version)  # nobody
+            return 0.0
+        if all(m in joined for m in expected):
+            self._sync(lead, record, version, expected, rejected)
+            return 0.0
+        if tuple(expected) != record.members or set(rejected) != set(record.rejected):
+            self._write(
+                lead, dataclasses.replace(record, members=tuple(expected), rejected=tuple(rejected)), version
+            )
+        return max(0.01, min(IDLE, remaining))
+
+    def _sync(
+        self,
+        lead: Leadership,
+        record: GenerationRecord,
+        version: int | None,
+        expected: list[str],
+        rejected: list[str],
+    ) -> None:
+        joins: dict[str, JoinRecord] = {}
+        for member in expected:
+            stored = self._session.storage.fetch(self._layout.join(record.generation, member))
+            join = JoinRecord.decode(stored.value) if stored is not None else None
+            if join is None:
+                raise KeyNotFoundError(f"the join of {member} vanished")
+            joins[member] = join
+        protocol = choose({m: [name for name, _ in join.protocols] for m, join in joins.items()})
+        if protocol is None:  # joins disagree with the offers: admit again on what they joined with
+            offers = {m: Offer("", tuple(name for name, _ in join.protocols)) for m, join in joins.items()}
+            kept, dropped = admit(expected, offers)
+            new = dataclasses.replace(record, members=tuple(kept), rejected=(*rejected, *dropped))
+            self._write(lead, new, version)
+            return
+        last = record.completed.leader if record.completed else None
+        leader = last if last in expected else (self._own if self._own in expected else expected[0])
+        assert leader is not None
+        self._new_round(record.generation, SYNCING)
+        new = dataclasses.replace(
+            record,
+            state=SYNCING,
+            members=tuple(expected),
+            rejected=tuple(rejected),
+            protocol=protocol,
+            leader=leader,
+        )
+        self._write(lead, new, version)
+
+    def _syncing(
+        self,
+        lead: Leadership,
+        record: GenerationRecord,
+        version: int | None,
+        accepted: list[str],
+        *,
+        rejected: list[str],
+        live: set[str],
+    ) -> float:
+        assert record.leader is not None and record.protocol is not None
+        remaining = self._remaining(record.generation, SYNCING)
+        if any(member not in live for member in record.members) or remaining <= 0:
+            if remaining <= 0:
+                self._timed_out.add(record.leader)
+            self._new_round(record.generation + 1)
+            members = tuple(m for m in accepted if m not in self._timed_out)
+            new = GenerationRecord(
+                record.generation + 1, PREPARING, members, tuple(rejected), completed=record.completed
+            )
+            self._write(lead, new, version)
+            return 0.0
+        assignment = self._assignment_of(record.generation, record.leader)
+        if assignment is None or assignment.version is None:
+            return max(0.01, min(IDLE, remaining))
+        done = Completed(
+            record.generation, record.members, record.protocol, record.leader, assignment.version
+        )
+        self._write(lead, dataclasses.replace(record, state=STABLE, completed=done), version)
+        self._clean(record.generation)
+        return 0.0
+
+    # Helpers
+
+    def _remaining(self, generation: int, state: str) -> float:
+        if self._round[:2] != (generation, state):
+            self._round = (generation, state, time.monotonic())
+        return self._round[2] + self._timeout - time.monotonic()
+
+    def _new_round(self, generation: int, state: str = PREPARING) -> None:
+        self._round = (generation, state, time.monotonic())
+
+    def _latest(self, records: Mirror[ValueChanged]) -> tuple[GenerationRecord | None, int | None]:
+        event = records.event
+        known, known_version = self._known
+        if event is not None and event.version is not None and (known_version or -1) < event.version:
+            assert event.value is not None
+            known, known_version = GenerationRecord.decode(event.value), event.version
+            self._known = (known, known_version)
+        return known, known_version
+
+    def _write(self, lead: Leadership, record: GenerationRecord, version: int | None) -> None:
+        storage, key = self._session.storage, self._layout.record
+        try:
+            if version is None:
+                written = storage.put(key, record.encode(), fence=lead)
+            else:
+                written = storage.update(key, record.encode(), version=version, fence=lead)
+        except (VersionConflictError, KeyExistsError, KeyNotFoundError):
+            stored = storage.fetch(key)
+            self._known = (GenerationRecord.decode(stored.value), stored.version) if stored else (None, None)
+            return
+        except FencedError:
+            with self._lock:
+                if self._leadership == lead:
+                    self._leadership = None
+            return
+        self._known = (record, written)
+
+    def _joined(self, generation: int) -> set[str] | None:
+        if self._joins is None or self._joins[0] != generation:
+            if self._joins is not None:
+                self._joins[1].stop()
+            namespace = self._layout.joins(generation)
+            listeners = self._session.listeners
+            mirror: Mirror[KeySetChanged] = Mirror(
+                lambda cb: listeners.add_keyset_listener(namespace, cb),
+                lambda cb: listeners.remove_keyset_listener(namespace, cb),
+                self._thread.wake,
+            )
+            mirror.start()
+            self._joins = (generation, mirror)
+        event = self._joins[1].event
+        return None if event is None else {key.rsplit("/", 1)[1] for key in event.keys}
+
+    def _assignment_of(self, generation: int, leader: str) -> ValueChanged | None:
+        key = self._layout.assignment(generation, leader)
+        if self._assignment is None or self._assignment[0] != key:
+            if self._assignment is not None:
+                self._assignment[1].stop()
+            listeners = self._session.listeners
+            mirror: Mirror[ValueChanged] = Mirror(
+                lambda cb: listeners.add_value_listener(key, cb),
+                lambda cb: listeners.remove_value_listener(key, cb),
+                self._thread.wake,
+            )
+            mirror.start()
+            self._assignment = (key, mirror)
+        return self._assignment[1].event
+
+    def _clean(self, generation: int) -> None:
+        """Remove the joins and assignments no member needs any more (best effort)."""
+        storage = self._session.storage
+        namespaces = [self._layout.joins(generation - 1), self._layout.joins(generation)]
+        namespaces.append(self._layout.assignments(generation - 1))
+        try:
+            for namespace in namespaces:
+                for key in storage.keys(namespace):
+                    with contextlib.suppress(KeyNotFoundError):
+                        storage.delete(key)
+        except ConsensusError as exc:
+            log.debug("cleaning up generation %d of %r failed (%s)", generation, self._layout.group, exc)
+
+    def _start_mirrors(self) -> tuple[MembershipChanged | None, Mirror[ValueChanged] | None]:
+        if self._members is None:
+            group = self._session.group(self._layout.root)
+            self._members = Mirror(group.add_listener, group.remove_listener, self._thread.wake)
+            self._members.start()
+        if self._records is None:
+            key, listeners = self._layout.record, self._session.listeners
+            self._records = Mirror(
+                lambda cb: listeners.add_value_listener(key, cb),
+                lambda cb: listeners.remove_value_listener(key, cb),
+                self._thread.wake,
+            )
+            self._records.start()
+        if self._records.event is None:
+            return self._members.event, None
+        return self._members.event, self._records
+
+    def _stop_mirrors(self) -> None:
+        for mirror in (self._members, self._records):
+            if mirror is not None:
+                mirror.stop()
+        for pair in (self._joins, self._assignment):
+            if pair is not None:
+                pair[1].stop()
+        self._members = self._records = None
+        self._joins = self._assignment = None
+        self._known = (None, None)

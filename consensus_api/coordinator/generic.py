@@ -1,0 +1,271 @@
+"""The generic engine: Kafka's eager rebalance protocol on storage, membership and election.
+
+One member's side (see :mod:`records` for the layout):
+
+1. *Register*: unless the group already has members this one shares no
+   protocol with (``InconsistentGroupProtocolError``, the group untouched),
+   join the membership group with its offer; the few members with the
+   smallest ids stand as candidates of the group's election (others step up
+   whenever nobody leads).
+2. *Join* a generation (the JoinGroup): ``on_join_prepare``, then write a
+   join record with the handler's metadata for the generation the arbiter is
+   preparing (or the next one, which asks the arbiter for a rebalance).
+3. *Assign* (the group leader only): read the members' join records and
+   write ``perform_assignment``'s result for the generation.
+4. *Complete* once the generation record is stable and names this member:
+   read the assignment, ``on_join_complete``.
+
+The elected candidate also runs the :class:`Arbiter` (Kafka's broker-side
+group coordinator) on its own thread, so a slow callback of its member
+never stalls the group. Generation fencing: a member whose generation was
+passed over (the group went on without it, or its session was lost) is told
+with ``on_join_prepare(-1, "")`` before it joins again, and only completes a
+generation whose record names it and whose join it wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from consensus_api.coordinator.arbiter import Arbiter
+from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
+from consensus_api.coordinator.handler import Generation
+from consensus_api.coordinator.loop import Mirror, register, stand
+from consensus_api.coordinator.negotiation import Offer, compatible
+from consensus_api.coordinator.records import (
+    STABLE,
+    SYNCING,
+    AssignmentRecord,
+    GenerationRecord,
+    JoinRecord,
+    Layout,
+    decode_offer,
+    encode_offer,
+)
+from consensus_api.errors import (
+    InconsistentGroupProtocolError,
+    KeyExistsError,
+    KeyNotFoundError,
+    NotAMemberError,
+)
+from consensus_api.model import LeaderChanged, Leadership, SessionState, ValueChanged
+
+if TYPE_CHECKING:
+    from consensus_api.session import Session
+
+log = logging.getLogger("consensus_api.coordinator")
+
+IDLE = 1.0
+RETRY = 0.5
+
+
+class GenericEngine(CoordinatorEngine):
+    """One member of a group on the generic protocol."""
+
+    def __init__(
+        self, session: Session, group: str, protocol_type: str, host: EngineHost, rebalance_timeout: float
+    ) -> None:
+        self._session = session
+        self._layout = layout = Layout(group)
+        self._protocol_type = protocol_type
+        self._host = host
+        self._id = f"m-{uuid.uuid4().hex}"
+        self._membership = session.group(layout.root)
+        self._election = session.election(layout.root)
+        self._record: Mirror[ValueChanged] = Mirror(
+            lambda cb: session.listeners.add_value_listener(layout.record, cb),
+            lambda cb: session.listeners.remove_value_listener(layout.record, cb),
+            host.wake,
+        )
+        self._arbiter = Arbiter(session, layout, self._id, rebalance_timeout)
+        self._lock = threading.Lock()
+        self._rejoin_requested = False
+        self._held = -1  # the generation whose assignment the member holds
+        self._joined = -1  # the newest generation it wrote a join record for
+        self._assigned = -1  # the newest generation it computed the assignment of, as leader
+        self._registered = False
+        self._leaderless = True
+        self._offer: Offer | None = None
+
+    # CoordinatorEngine
+
+    def member_id(self) -> str:
+        return self._id
+
+    def rebalancing(self) -> bool:
+        record = self._current()
+        with self._lock:
+            if self._rejoin_requested:
+                return True
+        return record is None or record.state != STABLE or record.generation != self._held
+
+    def request_rejoin(self) -> None:
+        with self._lock:
+            self._rejoin_requested = True
+
+    def start(self) -> None:
+        offer = Offer(self._protocol_type, tuple(name for name, _ in self._host.protocols()))
+        others = [decode_offer(data) for member, data in self._membership.membership().items()]
+        if not compatible(offer, [o if o is not None else Offer("", ()) for o in others]):
+            raise InconsistentGroupProtocolError(
+                f"group {self._layout.group!r} uses another protocol type or none of {list(offer.protocols)}"
+            )
+        self._offer = offer
+        self._record.start()
+        self._election.add_listener(self._on_leader)
+        self._register()
+
+    def session_state(self, state: SessionState) -> None:
+        if state is SessionState.LOST:
+            self._host.lost()
+            self._held = self._joined = -1
+            self._registered = False
+        elif state is SessionState.CONNECTED and not self._registered:
+            self._register()
+
+    def step(self) -> float:
+        if not self._registered:
+            self._register()
+            if not self._registered:
+                return RETRY
+        if self._leaderless:
+            stand(self._session, self._layout.root, self._id)
+        if self._record.event is None:
+            return IDLE  # the record's first event wakes us
+        record = self._current()
+        if record is not None and self._id in record.rejected:
+            self._host.fail(
+                InconsistentGroupProtocolError(
+                    f"group {self._layout.group!r} shares no protocol with this member's {self._names()}"
+                )
+            )
+            return IDLE
+        if record is not None and record.generation < self._held:
+            self._host.lost()  # the group's records were reset: nothing held is valid
+            self._held = self._joined = -1
+        self._lead_assignment(record)
+        if self._complete(record):
+            return 0.0
+        target = self._join_target(record)
+        if target is not None and self._joined < target:
+            self._join(record, target)
+        return IDLE
+
+    def close(self, deadline: float) -> None:
+        self._arbiter.stop()
+        self._record.stop()
+        self._election.remove_listener(self._on_leader)
+        leaves: list[Callable[[str], None]] = [self._election.resign, self._membership.leave]
+        for leave in leaves:
+            try:
+                leave(self._id)
+            except NotAMemberError:
+                pass
+            except Exception as exc:
+                log.info("leaving group %r failed (%s)", self._layout.group, exc)
+
+    # The member's side of the protocol
+
+    def _register(self) -> None:
+        assert self._offer is not None
+        self._registered = register(self._session, self._layout.root, self._id, encode_offer(self._offer))
+
+    def _current(self) -> GenerationRecord | None:
+        event = self._record.event
+        if event is None or event.value is None:
+            return None
+        return GenerationRecord.decode(event.value)
+
+    def _join_target(self, record: GenerationRecord | None) -> int | None:
+        """The generation to join now, or None if the member is where it should be."""
+        if record is None:
+            return 1
+        with self._lock:
+            rejoin = self._rejoin_requested
+        done = record.completed
+        if done is not None and self._id in done.members and self._joined == done.generation > self._held:
+            return None  # completing that generation first
+        if record.state == STABLE:
+            if self._id in record.members and self._held == record.generation and not rejoin:
+                return None
+            return record.generation + 1
+        if record.state == SYNCING and self._id not in record.members:
+            return record.generation + 1
+        return record.generation
+
+    def _join(self, record: GenerationRecord | None, target: int) -> None:
+        passed_over = self._held >= 0 and (record is None or target > self._held + 1)
+        if passed_over:
+            self._host.lost()
+            self._held = -1
+        protocols = self._host.rejoin()
+        key = self._layout.join(target, self._id)
+        value = JoinRecord(tuple(protocols)).encode()
+        try:
+            self._session.storage.put(key, value)
+        except KeyExistsError:
+            self._session.storage.update(key, value)
+        self._joined = target
+        with self._lock:
+            self._rejoin_requested = False
+
+    def _lead_assignment(self, record: GenerationRecord | None) -> None:
+        if record is None or record.state != SYNCING or record.leader != self._id:
+            return
+        if (
+            self._assigned >= record.generation
+            or record.protocol is None
+            or self._joined != record.generation
+        ):
+            return
+        storage = self._session.storage
+        members: dict[str, bytes] = {}
+        for member in record.members:
+            stored = storage.fetch(self._layout.join(record.generation, member))
+            join = JoinRecord.decode(stored.value) if stored is not None else None
+            metadata = join.metadata(record.protocol) if join is not None else None
+            if metadata is None:
+                log.info("no join of %s for generation %d; the arbiter will retry", member, record.generation)
+                return
+            members[member] = metadata
+        result = self._host.assign(self._id, record.protocol, members)
+        if result is None:
+            return
+        key = self._layout.assignment(record.generation, self._id)
+        value = AssignmentRecord(record.generation, result).encode()
+        try:
+            storage.put(key, value)
+        except KeyExistsError:
+            storage.update(key, value)
+        self._assigned = record.generation
+
+    def _complete(self, record: GenerationRecord | None) -> bool:
+        done = record.completed if record is not None else None
+        if done is None or self._id not in done.members or not self._joined == done.generation > self._held:
+            return False
+        stored = self._session.storage.fetch(self._layout.assignment(done.generation, done.leader))
+        if stored is None or stored.version != done.assignment:
+            return False  # a newer record is on its way
+        assignment = AssignmentRecord.decode(stored.value)
+        if assignment is None:
+            raise KeyNotFoundError(f"the assignment of generation {done.generation} is unreadable")
+        generation = Generation(done.generation, self._id, done.protocol)
+        self._host.complete(generation, assignment.assignments.get(self._id, b""))
+        self._held = done.generation
+        return True
+
+    def _on_leader(self, event: LeaderChanged) -> None:
+        self._leaderless = event.leader_id is None
+        if event.leader_id == self._id and event.term is not None:
+            self._arbiter.lead(Leadership(event.service, self._id, event.term))
+        else:
+            self._arbiter.lead(None)
+        if self._leaderless:
+            self._host.wake()  # stand as a candidate if among the first
+
+    def _names(self) -> list[str]:
+        return list(self._offer.protocols) if self._offer else []

@@ -1,0 +1,157 @@
+"""Named resources spread over a group with the Coordinator, eager or cooperative (KIP-429).
+
+:class:`ResourceHandler` is a :class:`CoordinatorHandler` (as Kafka's consumer
+coordinator is an AbstractCoordinator): each assignor it is configured with
+is one protocol, named like the assignor, whose metadata is the member's
+subscription (resources it can take, resources it owns, from which
+generation). The group uses the most preferred assignor every member supports.
+
+* Eager (any assignor not cooperative): ``on_join_prepare`` revokes
+  everything; the generation barrier guarantees nobody starts a resource
+  before its previous owner stopped it.
+* Cooperative (every assignor cooperative, e.g. ``cooperative-sticky``): a
+  member keeps what it owns across a rebalance and only revokes what moves
+  away; resources it revokes reach their new owner in the follow-up round it
+  requests at once. ``on_join_prepare(-1, "")`` (membership lost) revokes all.
+
+Listener callbacks run on the coordinator thread.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from consensus_api.assignors import Assignor, Subscription, get_assignor
+from consensus_api.coordinator.handler import ResourceListener
+from consensus_api.errors import ConfigurationError, InvalidTypeError
+from consensus_api.keys import check_segment
+
+if TYPE_CHECKING:
+    from consensus_api.coordinator.core import Coordinator
+    from consensus_api.session import Session
+
+#: The protocol type of resource groups.
+PROTOCOL_TYPE = "resources"
+
+
+def encode_subscription(subscription: Subscription) -> bytes:
+    return json.dumps(
+        {
+            "resources": sorted(subscription.resources),
+            "owned": sorted(subscription.owned),
+            "generation": subscription.generation,
+        }
+    ).encode()
+
+
+def decode_subscription(raw: bytes) -> Subscription:
+    try:
+        data: Any = json.loads(raw)
+        return Subscription(
+            frozenset(str(r) for r in data["resources"]),
+            frozenset(str(r) for r in data["owned"]),
+            int(data["generation"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        return Subscription(frozenset())
+
+
+class ResourceHandler:
+    """Spreads ``resources`` (this member's subscription) with ``assignors`` (most preferred first)."""
+
+    def __init__(
+        self,
+        resources: Iterable[str],
+        listener: ResourceListener,
+        *,
+        assignors: Sequence[str | Assignor] = ("cooperative-sticky",),
+    ) -> None:
+        if isinstance(resources, str):
+            raise InvalidTypeError("resources must be an iterable of names, not one str")
+        self.resources = frozenset(check_segment(r, "resource name") for r in resources)
+        for name in ("on_assigned", "on_revoked"):
+            if not callable(getattr(listener, name, None)):
+                raise InvalidTypeError(f"the listener lacks {name} (see ResourceListener)")
+        try:
+            self.assignors = [get_assignor(a) for a in assignors]
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
+        if not self.assignors:
+            raise ConfigurationError("a ResourceHandler needs at least one assignor")
+        #: True when every assignor is cooperative: members keep what they own across rebalances.
+        self.cooperative = all(a.cooperative for a in self.assignors)
+        self._listener = listener
+        self._owned: frozenset[str] = frozenset()
+        self._last: frozenset[str] = frozenset()
+        self._generation = -1
+        self._coordinator: Coordinator | None = None
+
+    def join(self, session: Session, group: str, *, rebalance_timeout: float | None = None) -> Coordinator:
+        """The coordinator of this handler in ``group``; call its ``ensure_active_group`` to join."""
+        self._coordinator = session.coordinator(
+            group, PROTOCOL_TYPE, self, rebalance_timeout=rebalance_timeout
+        )
+        return self._coordinator
+
+    @property
+    def owned(self) -> frozenset[str]:
+        """The resources this member owns now."""
+        return self._owned
+
+    # CoordinatorHandler
+
+    def metadata(self) -> list[tuple[str, bytes]]:
+        claimed = (
+            self._owned if self.cooperative else self._last
+        )  # eager: the last assignment, for stickiness
+        subscription = encode_subscription(Subscription(self.resources, claimed, self._generation))
+        return [(assignor.name, subscription) for assignor in self.assignors]
+
+    def on_join_prepare(self, generation: int, member_id: str) -> None:
+        if generation < 0 or not self.cooperative:
+            self._revoke(self._owned)
+        if generation < 0:
+            self._generation = -1
+
+    def perform_assignment(
+        self, leader_id: str, protocol: str, members: Mapping[str, bytes]
+    ) -> dict[str, bytes]:
+        assignor = next((a for a in self.assignors if a.name == protocol), None) or get_assignor(protocol)
+        subscriptions = {member: decode_subscription(raw) for member, raw in members.items()}
+        result = assignor.assign(subscriptions)
+        return {member: _encode_assignment(result.get(member, frozenset())) for member in members}
+
+    def on_join_complete(self, generation: int, member_id: str, protocol: str, assignment: bytes) -> None:
+        given = _decode_assignment(assignment) & self.resources
+        revoked = self._owned - given
+        self._revoke(revoked)
+        added = given - self._owned
+        if added:
+            self._owned = self._owned | added
+            self._listener.on_assigned(added)
+        self._last = given
+        self._generation = generation
+        if revoked and self.cooperative and self._coordinator is not None:
+            self._coordinator.request_rejoin()  # the follow-up round hands them over
+
+    def on_leave_prepare(self) -> None:
+        self._revoke(self._owned)
+
+    def _revoke(self, resources: frozenset[str]) -> None:
+        if resources:
+            self._owned = self._owned - resources
+            self._listener.on_revoked(resources)
+
+
+def _encode_assignment(resources: frozenset[str]) -> bytes:
+    return json.dumps({"resources": sorted(resources)}).encode()
+
+
+def _decode_assignment(raw: bytes) -> frozenset[str]:
+    try:
+        data: Any = json.loads(raw)
+        return frozenset(str(r) for r in data["resources"])
+    except (ValueError, KeyError, TypeError):
+        return frozenset()

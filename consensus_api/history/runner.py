@@ -1,0 +1,211 @@
+"""The chaos runner: client processes, a nemesis, and the history they leave in Parquet.
+
+``run_chaos`` starts the server when asked, runs ``clients`` client processes
+(``consensus_api.history.client``) for ``duration`` seconds while the nemesis
+injects faults, then stops the workload, waits until dead sessions have
+expired, lets every live client record its ``final`` reads, and converts the
+journals into ``<out>/<run>.parquet``. Every wait is bounded; every process
+it started is gone when it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from consensus_api.config import parse_url
+from consensus_api.errors import BackendUnavailableError, ConfigurationError
+from consensus_api.history.clients import Clients
+from consensus_api.history.convert import collect, summarize, write_history
+from consensus_api.history.journal import Journal
+from consensus_api.history.nemesis import FAULTS, SERVER_FAULTS, Nemesis
+from consensus_api.history.schema import NEMESIS_PROCESS
+from consensus_api.history.workload import SETTLE_MAX, TEAM_SIZE
+from consensus_api.session import connect
+
+if TYPE_CHECKING:
+    from consensus_api.testing import ServerHandle
+
+CLIENT_MODULE = "consensus_api.history.client"
+SERVERS = ("sqlite", "postgresql", "zookeeper", "etcd", "kafka")
+STOP_TIMEOUT_MARGIN = 5.0
+READY_TIMEOUT = 60.0
+
+Progress = Callable[[float, int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosOptions:
+    """What to run; see ``consensus chaos --help`` for the meaning of each field."""
+
+    url: str | None
+    server: str | None
+    duration: float
+    clients: int
+    keys: int
+    faults: frozenset[str]
+    out: Path
+    session_timeout: float = 2.0
+    request_timeout: float = 3.0
+    key_period: float = 2.0
+    fault_interval: float = 2.0
+    think: float = 0.005
+    seed: int = field(default_factory=lambda: secrets.randbelow(2**31))
+
+    def validate(self) -> None:
+        """``ConfigurationError`` for options that cannot work together."""
+        if (self.url is None) == (self.server is None):
+            raise ConfigurationError("give either a URL or --server NAME (which starts the server)")
+        if self.server is not None and self.server not in SERVERS:
+            raise ConfigurationError(f"unknown server {self.server!r}; expected one of {', '.join(SERVERS)}")
+        unknown = self.faults - set(FAULTS)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown faults {sorted(unknown)}; expected none or {', '.join(FAULTS)}"
+            )
+        if self.faults & SERVER_FAULTS and self.server in (None, "sqlite"):
+            raise ConfigurationError("--faults restart needs a server this command controls: --server NAME")
+        teams = -(-self.clients // TEAM_SIZE)
+        if self.keys < teams:
+            raise ConfigurationError(
+                f"--keys must be at least {teams} so that at most {TEAM_SIZE} clients share a key"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosResult:
+    """What a run produced: the history file and counts for a summary."""
+
+    run: str
+    backend: str
+    path: Path
+    seconds: float
+    counts: dict[str, int]
+    faults: dict[str, int]
+    fault_errors: list[str]
+    spawns: int
+
+
+class _Server:
+    """The server a run controls: a real one, or a fresh SQLite file."""
+
+    def __init__(self, name: str, workdir: Path) -> None:
+        self.handle: ServerHandle | None = None
+        if name == "sqlite":
+            self.url = f"sqlite:///{workdir / 'chaos.db'}"
+        else:
+            from consensus_api.testing import start_server  # noqa: PLC0415 - needs the test extra
+
+            try:
+                self.handle = start_server(name, workdir)
+            except RuntimeError as exc:  # the server's log tail is in the message
+                raise BackendUnavailableError(f"could not start {name}: {exc}") from exc
+            self.url = self.handle.url
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.stop()
+
+
+def _probe(url: str, options: ChaosOptions) -> str:
+    """The backend's name; fails early (``ConfigurationError``, ``BackendUnavailableError``) on a bad URL."""
+    with connect(url, connect_timeout=max(5.0, options.request_timeout)) as session:
+        return session.backend
+
+
+def _client_args(options: ChaosOptions, run: str) -> list[str]:
+    """The command line of a client process, without its slot, spawn, journal and seed."""
+    lifetime = options.duration + 4 * options.session_timeout + 8 * options.request_timeout + 60
+    flags = {
+        "prefix": f"chaos/{run}",
+        "clients": options.clients,
+        "keys": options.keys,
+        "t0-ns": time.monotonic_ns(),
+        "key-period": options.key_period,
+        "session-timeout": options.session_timeout,
+        "request-timeout": options.request_timeout,
+        "think": options.think,
+        "lifetime": lifetime,
+    }
+    return [sys.executable, "-m", CLIENT_MODULE, *(p for k, v in flags.items() for p in (f"--{k}", str(v)))]
+
+
+def _drive(options: ChaosOptions, clients: Clients, nemesis: Nemesis, progress: Progress | None) -> None:
+    """The run's phases: clients up, workload under faults, stop, expiry of dead sessions, final reads."""
+    nemesis_thread = threading.Thread(target=nemesis.run, args=(options.fault_interval,), daemon=True)
+    for slot in range(options.clients):
+        clients.start(slot)
+    clients.wait_all("READY", READY_TIMEOUT + options.request_timeout)  # the clock starts when they work
+    started = time.monotonic()
+    nemesis_thread.start()
+    end = started + options.duration
+    while (now := time.monotonic()) < end:
+        clients.respawn_exited()
+        if progress is not None:
+            progress(now - started, clients.count_ops(), sum(nemesis.applied.values()))
+        time.sleep(min(0.25, max(0.0, end - now)))
+    nemesis.stop.set()
+    nemesis_thread.join(timeout=120)
+    clients.send_all("STOP")
+    clients.wait_all("STOPPED", 2 * options.request_timeout + STOP_TIMEOUT_MARGIN)
+    time.sleep(options.session_timeout * 4 / 3 + 1.0)  # dead sessions expire; views converge
+    clients.send_all("FINAL")
+    clients.wait_all("DONE", SETTLE_MAX + 6 * options.request_timeout + STOP_TIMEOUT_MARGIN)
+    clients.send_all("EXIT")  # only now: closing a session changes what the others read
+    clients.wait_all("BYE", 2 * options.request_timeout + STOP_TIMEOUT_MARGIN)
+    if progress is not None:
+        progress(time.monotonic() - started, clients.count_ops(), sum(nemesis.applied.values()))
+
+
+def run_chaos(options: ChaosOptions, progress: Progress | None = None) -> ChaosResult:
+    """Run one chaos test and write its history; see the module docstring."""
+    options.validate()
+    run = time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
+    options.out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{run}-"))
+    server: _Server | None = None
+    try:
+        server = _Server(options.server, workdir) if options.server else None
+        url = server.url if server is not None else str(options.url)
+        backend = _probe(url, options)
+        started = time.monotonic()
+        rng = random.Random(options.seed)
+        clients = Clients(_client_args(options, run), {**os.environ, "CONSENSUS_URL": url}, workdir, rng)
+        journal = Journal(workdir / "nemesis.jsonl", NEMESIS_PROCESS, NEMESIS_PROCESS)
+        parsed = parse_url(url)[0]
+        nemesis = Nemesis(
+            options.faults,
+            clients,
+            server=server.handle if server is not None else None,
+            zookeeper_hosts=parsed.host_list(2181) if parsed.scheme in ("zookeeper", "zk") else None,
+            session_timeout=options.session_timeout,
+            journal=journal,
+            rng=rng,
+        )
+        try:
+            _drive(options, clients, nemesis, progress)
+        finally:
+            nemesis.stop.set()
+            clients.kill_all()
+            journal.close()
+        rows = collect(sorted(workdir.glob("*.jsonl")), run, backend, clients.kill_ns, time.monotonic_ns())
+        path = options.out / f"{run}.parquet"
+        write_history(rows, path)
+        clients.keep_logs(options.out / f"{run}.log")
+        seconds = time.monotonic() - started
+        faults, errors = dict(nemesis.applied), list(nemesis.errors)
+        return ChaosResult(run, backend, path, seconds, summarize(rows), faults, errors, clients.spawns)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,211 @@
+"""A small threaded TCP proxy on loopback, to cut clients off a server that keeps running.
+
+::
+
+    with TcpProxy(server.proxy_target, listen_port=server.proxy_port or 0) as proxy:
+        url = proxy.url_for(server_url)   # the same URL through the proxy
+        proxy.stall()                     # a partition: nothing flows, connections stay open
+        proxy.heal()                      # everything flows again
+        proxy.drop()                      # every connection closed (RST); new ones refused
+        proxy.heal()
+
+``stall`` is what a network partition looks like to both ends: bytes already
+sent sit in the kernels' buffers and the peers' TCP stacks keep the
+connections up, but no request reaches the server and no answer the client.
+``heal`` lets the stalled bytes through, as TCP retransmission would after a
+partition heals. ``drop`` is what a crashed middlebox or a firewall reset
+looks like: every connection is reset and new connections are reset on
+accept until ``heal``.
+
+Each connection has two pump threads; all threads are daemons and every wait
+is bounded, so ``close`` returns within about a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import struct
+import threading
+from types import TracebackType
+from typing import Self
+from urllib.parse import urlsplit, urlunsplit
+
+from consensus_api.testing._process import HOST
+
+#: How often blocked threads look at the proxy's state, in seconds.
+TICK = 0.05
+_LINGER_RESET = struct.pack("ii", 1, 0)
+
+
+class _Link:
+    """One client connection and its upstream connection."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.closed = threading.Event()
+
+    def close(self, reset: bool = False) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        for sock in (self.client, self.upstream):
+            with contextlib.suppress(OSError):
+                if reset:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+                sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+class TcpProxy:
+    """Forwards ``HOST:listen_port`` to ``target_host:target_port``; see the module docstring."""
+
+    def __init__(self, target_port: int, *, target_host: str = HOST, listen_port: int = 0) -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._listener.bind((HOST, listen_port))
+        except OSError:
+            self._listener.close()
+            raise
+        self._listener.listen(128)
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._refusing = False
+        self._closed = False
+        self._links: set[_Link] = set()
+        self._threads: list[threading.Thread] = []
+        self._start(self._accept, "consensus-proxy-accept")
+
+    # Faults
+
+    def stall(self) -> None:
+        """Stop forwarding in both directions; connections stay open (a partition)."""
+        self._flowing.clear()
+
+    def drop(self) -> None:
+        """Reset every connection; refuse (reset) new ones until ``heal``."""
+        with self._lock:
+            self._refusing = True
+            links = list(self._links)
+            self._links.clear()
+        for link in links:
+            link.close(reset=True)
+
+    def heal(self) -> None:
+        """Forward again and accept new connections."""
+        with self._lock:
+            self._refusing = False
+        self._flowing.set()
+
+    @property
+    def connections(self) -> int:
+        """The number of open client connections."""
+        with self._lock:
+            return len(self._links)
+
+    def url_for(self, url: str) -> str:
+        """``url`` with its host and port replaced by the proxy's (user, path and query kept)."""
+        parts = urlsplit(url)
+        userinfo = parts.netloc.rpartition("@")[0]
+        netloc = f"{userinfo}@{HOST}:{self.port}" if userinfo else f"{HOST}:{self.port}"
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    # Life cycle
+
+    def close(self) -> None:
+        """Close the listener and every connection; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            links = list(self._links)
+            self._links.clear()
+        self._flowing.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        for link in links:
+            link.close(reset=True)
+        for thread in self._threads:
+            thread.join(1.0)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "flowing" if self._flowing.is_set() else "stalled"
+        return f"<TcpProxy {HOST}:{self.port} -> {self.target[0]}:{self.target[1]} {state}>"
+
+    # Threads
+
+    def _start(self, target: object, name: str, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)  # type: ignore[arg-type]
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                ready, _, _ = select.select([self._listener], [], [], TICK)
+                if not ready:
+                    continue
+                client, _ = self._listener.accept()
+            except (OSError, ValueError):
+                return  # closed
+            with self._lock:
+                refusing = self._refusing or self._closed
+            if refusing:
+                _reset(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=2)
+            except OSError:
+                _reset(client)
+                continue
+            upstream.settimeout(None)
+            link = _Link(client, upstream)
+            with self._lock:
+                if self._refusing or self._closed:
+                    link.close(reset=True)
+                    continue
+                self._links.add(link)
+            self._start(self._pump, "consensus-proxy-up", link, client, upstream)
+            self._start(self._pump, "consensus-proxy-down", link, upstream, client)
+
+    def _pump(self, link: _Link, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while not link.closed.is_set():
+                if not self._flowing.wait(TICK):
+                    continue
+                ready, _, _ = select.select([source], [], [], TICK)
+                if not ready or not self._flowing.is_set():
+                    continue
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+        except (OSError, ValueError):
+            pass
+        with self._lock:
+            self._links.discard(link)
+        link.close()
+
+
+def _reset(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    with contextlib.suppress(OSError):
+        sock.close()

@@ -1,0 +1,95 @@
+"""``consensus bench``: the JSON report's shape and that every workload produced numbers.
+
+Speed and memory targets are judged only by the benchmarks themselves, never here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consensus_api.testing import ServerHandle, start_server
+
+FIELDS = {
+    "workload",
+    "ours_p50_ms",
+    "ours_p99_ms",
+    "baseline",
+    "baseline_p50_ms",
+    "ratio",
+    "target",
+    "holds",
+}
+WORKLOADS = {
+    "op.fetch",
+    "op.put",
+    "op.update",
+    "op.fenced_update",
+    "op.keys",
+    "propagation.value",
+    "membership.join",
+    "failover.2s",
+    "scale.members_200",
+    "scale.groups_20x10",
+    "scale.watched_1000",
+}
+
+
+def bench(url: str, *options: str, timeout: float = 400) -> dict[str, Any]:
+    """Run ``consensus bench URL --json OPTIONS`` in a process of its own; its parsed report."""
+    done = subprocess.run(
+        [sys.executable, "-m", "consensus_api.cli", "bench", url, "--json", "--quick", *options],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def check_rows(report: dict[str, Any], backend: str, expected: set[str]) -> None:
+    assert report["backend"] == backend
+    rows = {row["workload"]: row for row in report["results"]}
+    assert set(rows) == expected
+    for row in rows.values():
+        assert set(row) >= FIELDS, row
+        assert isinstance(row["ours_p50_ms"], float) and row["ours_p50_ms"] > 0, row
+        assert row["holds"] in (True, False, None)
+        if row["baseline"] is not None and not row["workload"].startswith("failover"):
+            assert isinstance(row["baseline_p50_ms"], float) and row["baseline_p50_ms"] > 0, row
+            assert isinstance(row["ratio"], float), row
+        if row["target"] is not None:
+            assert isinstance(row["holds"], bool), row
+
+
+def test_sqlite_quick(tmp_path: Path) -> None:
+    """Every workload on SQLite, with the raw SQLAlchemy baseline for operations."""
+    report = bench(f"sqlite:///{tmp_path / 'bench.db'}")
+    check_rows(report, "sqlite", WORKLOADS)
+    assert report["quick"] is True and report["scale_note"]
+    op = next(row for row in report["results"] if row["workload"] == "op.put")
+    assert op["baseline"] == "raw SQLAlchemy Core"
+    assert op["ours_ops_8t"] > 0 and op["baseline_ops_8t"] > 0
+
+
+@pytest.fixture(scope="module")
+def zookeeper() -> Iterator[ServerHandle]:
+    with start_server("zookeeper") as server:
+        yield server
+
+
+def test_zookeeper_watch_and_membership(zookeeper: ServerHandle) -> None:
+    """On ZooKeeper the raw kazoo watch and tooz are the baselines."""
+    report = bench(zookeeper.url, "--only", "propagation,membership")
+    check_rows(report, "zookeeper", {"propagation.value", "membership.join"})
+    rows = {row["workload"]: row for row in report["results"]}
+    assert rows["propagation.value"]["baseline"] == "kazoo DataWatch"
+    assert rows["membership.join"]["baseline"].startswith("tooz")
