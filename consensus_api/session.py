@@ -90,6 +90,11 @@ class Session:
         self._state_listeners: list[StateListener] = []
         self._joined: dict[tuple[str, str], bytes] = {}
         self._candidacies: set[tuple[str, str]] = set()
+        #: Sessions lost so far, and for each member ("member", group, id) and candidacy
+        #: ("candidacy", service, id) the count when it was last joined: joined in this
+        #: session only if the two are equal.
+        self._losses = 0
+        self._joined_in: dict[tuple[str, str, str], int] = {}
         self._coordinators: list[Coordinator | IncrementalCoordinator] = []
         self._dispatcher = Dispatcher(url.scheme)
         try:
@@ -224,9 +229,11 @@ class Session:
         return self._backend
 
     def _join(self, group: str, member_id: str, data: bytes) -> None:
+        losses = self._losses
         self._backend_for_call().join(group, member_id, data)
-        with self._lock:
-            self._joined[(group, member_id)] = data
+        self._record(
+            ("member", group, member_id), losses, partial(self._joined.__setitem__, (group, member_id), data)
+        )
 
     def _leave(self, group: str, member_id: str) -> None:
         backend = self._backend_for_call()
@@ -238,12 +245,32 @@ class Session:
         finally:
             with self._lock:
                 self._joined.pop((group, member_id), None)
+                self._joined_in.pop(("member", group, member_id), None)
 
     def _nominate(self, service: str, candidate_id: str) -> bool:
+        losses = self._losses
         leads = self._backend_for_call().nominate(service, candidate_id)
-        with self._lock:
-            self._candidacies.add((service, candidate_id))
+        self._record(
+            ("candidacy", service, candidate_id),
+            losses,
+            partial(self._candidacies.add, (service, candidate_id)),
+        )
         return leads
+
+    def _record(self, item: tuple[str, str, str], losses: int, track: Callable[[], None]) -> None:
+        """Track a member or candidacy joined while the session had ``losses`` losses.
+
+        A loss that overtook the call voided what it joined: with ``auto_rejoin`` it
+        is joined again like everything the loss voided, else it is forgotten.
+        """
+        with self._lock:
+            overtaken = losses != self._losses
+            if overtaken and not self.settings.auto_rejoin:
+                return
+            track()
+            self._joined_in[item] = losses
+        if overtaken:
+            self._dispatcher.submit(self._rejoin)
 
     def _resign(self, service: str, candidate_id: str) -> None:
         backend = self._backend_for_call()
@@ -255,6 +282,7 @@ class Session:
         finally:
             with self._lock:
                 self._candidacies.discard((service, candidate_id))
+                self._joined_in.pop(("candidacy", service, candidate_id), None)
 
     # Reports from the backend and their handling on the dispatcher thread.
 
@@ -282,6 +310,8 @@ class Session:
             if previous is SessionState.CLOSED or state is previous:
                 return
             self._state = state
+            if state is SessionState.LOST:
+                self._losses += 1
         self._dispatcher.submit_urgent(lambda: self._transition(previous, state))
 
     def _transition(self, previous: SessionState, state: SessionState) -> None:
@@ -291,9 +321,10 @@ class Session:
                 with self._lock:
                     self._joined.clear()
                     self._candidacies.clear()
+                    self._joined_in.clear()
         self._notify_state(state)
         if state is SessionState.CONNECTED:
-            if previous is SessionState.LOST:
+            if previous is SessionState.LOST and self.settings.auto_rejoin:
                 self._rejoin()
             self._hub.resync()
 
@@ -318,12 +349,12 @@ class Session:
         failed_members = {
             item: data
             for item, data in members.items()
-            if not self._redo(self._joined, item, self._rejoin_member(data))
+            if not self._redo(self._joined, "member", item, self._rejoin_member(data))
         }
         failed_candidacies = {
             item
             for item in sorted(candidacies)
-            if not self._redo(self._candidacies, item, self._backend.nominate)
+            if not self._redo(self._candidacies, "candidacy", item, self._backend.nominate)
         }
         if failed_members or failed_candidacies:
             self._dispatcher.submit_later(
@@ -333,13 +364,19 @@ class Session:
     def _rejoin_member(self, data: bytes) -> Callable[[str, str], None]:
         return lambda group, member_id: self._backend.join(group, member_id, data)
 
-    def _redo(self, tracked: Any, item: tuple[str, str], call: Callable[[str, str], object]) -> bool:
-        """Run ``call(*item)``; False if it failed for a passing reason and should be retried."""
+    def _redo(
+        self, tracked: Any, kind: str, item: tuple[str, str], call: Callable[[str, str], object]
+    ) -> bool:
+        """Run ``call(*item)`` unless it is no longer tracked or already joined in this session;
+        False if it failed for a passing reason and should be retried."""
         with self._lock:
-            if item not in tracked:
+            losses = self._losses
+            if item not in tracked or self._joined_in.get((kind, *item)) == losses:
                 return True
         try:
             call(*item)
+            with self._lock:
+                self._joined_in[(kind, *item)] = losses
         except MemberExistsError:
             log.warning("could not re-join %r to %r: another live session holds that id", item[1], item[0])
             with self._lock:

@@ -23,7 +23,7 @@ from sqlalchemy import Connection, Engine
 
 from backends.sql import ephemeral, store
 from backends.sql.changes import ChangeFeed, prune
-from backends.sql.engine import Watchdog, calls_until, create, describe_error, is_retryable
+from backends.sql.engine import MIN_CONNECT_LEFT, Watchdog, calls_until, create, describe_error, is_retryable
 from backends.sql.schema import Tables
 from consensus_api.backend import Backend, Target
 from consensus_api.config import boolean, positive_float, string
@@ -40,6 +40,10 @@ R = TypeVar("R")
 RETRY_PAUSE = 0.05
 #: Seconds between heartbeats while the database is unreachable.
 TROUBLE_PAUSE = 0.25
+#: A heartbeat connects while any time is left before the lease lapses (a restarted server is
+#: back in milliseconds); against a server that stopped answering, LOST may then come up to
+#: libpq's minimum connect timeout (2 s) late.
+HEARTBEAT_CONNECT_LEFT = 0.05
 
 #: Keys per page of ``walk``.
 WALK_PAGE = 500
@@ -76,6 +80,8 @@ class SQLBackend(Backend):
             float(extra.get("poll_interval", 0.025)),  # type: ignore[arg-type]
         )
         self._heartbeat = threading.Thread(target=self._beat, name="consensus-sql-heartbeat", daemon=True)
+        self._state_lock = threading.Lock()
+        self._beat_state = SessionState.CONNECTED
 
     @property
     def name(self) -> str:
@@ -222,7 +228,7 @@ class SQLBackend(Backend):
         deadline = deadline or time.monotonic() + self.settings.request_timeout
         while True:
             try:
-                with calls_until(deadline):
+                with calls_until(deadline, MIN_CONNECT_LEFT if retry else HEARTBEAT_CONNECT_LEFT):
                     conn = self._engine.connect()
             except sqlalchemy.exc.DBAPIError as exc:
                 if retry and time.monotonic() + RETRY_PAUSE < deadline:
@@ -270,35 +276,33 @@ class SQLBackend(Backend):
         An attempt is the retry: it fails at once when the database cannot be
         reached (SUSPENDED; tried again every ``TROUBLE_PAUSE``) and never runs
         past the moment the lease lapses, which is counted from the *start* of
-        the last successful renewal (LOST). A slow database that answers is no
-        trouble.
+        the last successful renewal (LOST). An attempt still running after
+        ``session_timeout / 3`` (a server that stopped answering) is reported
+        SUSPENDED while it goes on.
         """
         ttl = self.settings.session_timeout
         last_renewal = time.monotonic()
-        state = SessionState.CONNECTED
         pause = ttl / 3
         while not self._stop.wait(pause):
             started = time.monotonic()
             pause = TROUBLE_PAUSE
-            if state is not SessionState.LOST and started >= last_renewal + ttl:
-                state = self._report(SessionState.LOST, state)  # the lease lapsed by our own clock
+            if self._beat_state is not SessionState.LOST and started >= last_renewal + ttl:
+                self._report(SessionState.LOST)  # the lease lapsed by our own clock
             try:
-                if state is SessionState.LOST:
+                if self._beat_state is SessionState.LOST:
                     self._replace_lease(started + self.settings.request_timeout)
                     renewed = True
                 else:
                     deadline = min(started + self.settings.request_timeout, last_renewal + ttl)
-                    renewed = self._run(self._renew, deadline=deadline, retry=False)
+                    renewed = self._renew_watched(deadline, ttl / 3)
             except (OperationTimeoutError, BackendUnavailableError, SessionLostError) as exc:
                 log.debug("heartbeat failed: %s", exc)
                 lapsed = time.monotonic() - last_renewal > ttl
-                state = self._report(
-                    SessionState.LOST if lapsed or state is SessionState.LOST else SessionState.SUSPENDED,
-                    state,
-                )
+                lost = lapsed or self._beat_state is SessionState.LOST
+                self._report(SessionState.LOST if lost else SessionState.SUSPENDED)
                 continue
             if not renewed:
-                state = self._report(SessionState.LOST, state)
+                self._report(SessionState.LOST)
                 try:
                     self._replace_lease(time.monotonic() + self.settings.request_timeout)
                 except (OperationTimeoutError, BackendUnavailableError, SessionLostError) as exc:
@@ -306,7 +310,28 @@ class SQLBackend(Backend):
                     continue
             last_renewal = started
             pause = ttl / 3
-            state = self._report(SessionState.CONNECTED, state)
+            self._report(SessionState.CONNECTED)
+
+    def _renew_watched(self, deadline: float, slow: float) -> bool:
+        """One renewal; SUSPENDED is reported if it is still running after ``slow`` seconds."""
+        running = threading.Event()
+        running.set()
+
+        def report_slow() -> None:
+            with self._state_lock:
+                if running.is_set() and self._beat_state is SessionState.CONNECTED:
+                    self._beat_state = SessionState.SUSPENDED
+                    self.events.state_changed(SessionState.SUSPENDED)
+
+        timer = threading.Timer(slow, report_slow)
+        timer.daemon = True
+        timer.start()
+        try:
+            return self._run(self._renew, deadline=deadline, retry=False)
+        finally:
+            with self._state_lock:
+                running.clear()
+            timer.cancel()
 
     def _renew(self, conn: Connection) -> bool:
         if not ephemeral.renew_lease(conn, self._tables, self._session_id, self.settings.session_timeout):
@@ -326,7 +351,9 @@ class SQLBackend(Backend):
         self._run(swap, deadline=deadline, retry=False)
         self._session_id = new
 
-    def _report(self, state: SessionState, previous: SessionState) -> SessionState:
-        if state is not previous:
+    def _report(self, state: SessionState) -> None:
+        with self._state_lock:
+            if state is self._beat_state:
+                return
+            self._beat_state = state
             self.events.state_changed(state)
-        return state

@@ -90,10 +90,15 @@ MIN_CONNECT_LEFT = 1.0
 
 
 @contextlib.contextmanager
-def calls_until(deadline: float) -> Iterator[None]:
-    """Connections opened by this thread meanwhile give up by about ``deadline`` (PostgreSQL)."""
+def calls_until(deadline: float, min_left: float = MIN_CONNECT_LEFT) -> Iterator[None]:
+    """Connections opened by this thread meanwhile give up by about ``deadline`` (PostgreSQL).
+
+    None is begun with less than ``min_left`` seconds left: libpq waits at least
+    ``LIBPQ_MIN_CONNECT`` seconds, so a connection begun later could end that
+    much after ``deadline``.
+    """
     previous = getattr(_call_deadline, "value", None)
-    _call_deadline.value = deadline
+    _call_deadline.value = (deadline, min_left)
     try:
         yield
     finally:
@@ -196,11 +201,12 @@ def _postgresql(url: BackendURL, settings: Options) -> Engine:
 
     @event.listens_for(engine, "do_connect")
     def _bounded_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
-        deadline: float | None = getattr(_call_deadline, "value", None)
-        if deadline is None:
+        bound: tuple[float, float] | None = getattr(_call_deadline, "value", None)
+        if bound is None:
             return
+        deadline, min_left = bound
         left = deadline - time.monotonic()
-        if left < MIN_CONNECT_LEFT:
+        if left < min_left:
             import psycopg  # noqa: PLC0415 - PostgreSQL only
 
             raise psycopg.OperationalError("no time left to connect within request_timeout")

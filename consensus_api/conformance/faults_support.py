@@ -257,10 +257,13 @@ class Subject:
     leaders: EventLog[LeaderChanged] = field(default_factory=lambda: EventLog("leader"))
     acked: dict[str, Versioned] = field(default_factory=dict)
     held: Leadership | None = None
+    #: When each state change reached the state listeners (``time.monotonic()``).
+    state_times: list[tuple[float, SessionState]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         session, storage = self.session, self.session.storage
         session.add_state_listener(self.states)
+        session.add_state_listener(lambda state: self.state_times.append((time.monotonic(), state)))
         session.group(self.group).join("m", b"data")
         assert session.election(self.service).nominate("c")
         self.held = session.election(self.service).leadership()
@@ -286,6 +289,11 @@ class Subject:
     def lost(self) -> bool:
         """Whether the session was LOST at some point."""
         return SessionState.LOST in self.states.events
+
+    def noticed(self, since: float) -> float | None:
+        """Seconds from ``since`` until the first SUSPENDED or LOST after it reached the listeners."""
+        times = [at for at, state in self.state_times if at >= since and not_connected(state)]
+        return times[0] - since if times else None
 
 
 def recovered(subject: Subject, prober: Prober, bound: float, record: Record, since: float) -> None:

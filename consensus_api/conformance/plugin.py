@@ -171,6 +171,7 @@ def _not_applicable(item: pytest.Item, url: str, control_problem: str | None) ->
     return None
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m: only what was selected is counted
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect (never skip) the tests that do not apply to the tested backend, with the reason."""
     url = _configured_url(config)

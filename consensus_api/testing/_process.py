@@ -395,8 +395,20 @@ class ServerHandle:
         return [member for pid in dict.fromkeys(pids) for member in (pid, *_descendants(pid))]
 
     def pause(self) -> None:
-        """Freeze the server process and all its descendants (SIGSTOP)."""
-        _send(self._family(), signal.SIGSTOP)
+        """Freeze the server process and all its descendants (SIGSTOP).
+
+        Repeated until no new descendant shows up: a child forked while the
+        family was being stopped (PostgreSQL forks a backend per connection)
+        would otherwise keep serving.
+        """
+        stopped: set[int] = set()
+        for _ in range(20):
+            fresh = [pid for pid in self._family() if pid not in stopped]
+            if not fresh:
+                return
+            _send(fresh, signal.SIGSTOP)
+            stopped.update(fresh)
+            time.sleep(0.01)
 
     def resume(self) -> None:
         """Continue a paused server (SIGCONT)."""
