@@ -41,6 +41,19 @@ from sqlalchemy.dialects import postgresql, sqlite
 from consensus_api import config
 
 
+def postgresql_url(url: config.BackendURL) -> URL:
+    """SQLAlchemy's URL (psycopg driver) of the PostgreSQL database ``url`` names; ``postgres`` by default."""
+    endpoint = url.endpoints[0]
+    return URL.create(
+        "postgresql+psycopg",
+        username=url.username,
+        password=url.password,
+        host=endpoint.host,
+        port=endpoint.port,
+        database=url.path.lstrip("/") or "postgres",
+    )
+
+
 class RawSQL:
     """SQLAlchemy Core on ``rawbench_<run>_*`` tables."""
 
@@ -58,16 +71,7 @@ class RawSQL:
             )
             event.listen(self.engine, "connect", _sqlite_pragmas)
         else:
-            endpoint = url.endpoints[0]
-            target = URL.create(
-                "postgresql+psycopg",
-                username=url.username,
-                password=url.password,
-                host=endpoint.host,
-                port=endpoint.port,
-                database=url.path.lstrip("/") or "postgres",
-            )
-            self.engine = create_engine(target, pool_size=8, max_overflow=24)
+            self.engine = create_engine(postgresql_url(url), pool_size=8, max_overflow=24)
         metadata = MetaData()
         prefix = f"rawbench_{run}_"
         self.kv = Table(

@@ -116,18 +116,11 @@ class PostgresNotify:
 
     def __init__(self, url: config.BackendURL, run: str, seen: Seen) -> None:
         import psycopg  # noqa: PLC0415
-        from sqlalchemy import URL, Column, LargeBinary, MetaData, String, Table, create_engine  # noqa: PLC0415
+        from sqlalchemy import Column, LargeBinary, MetaData, String, Table, create_engine  # noqa: PLC0415
 
-        endpoint = url.endpoints[0]
-        target = URL.create(
-            "postgresql+psycopg",
-            username=url.username,
-            password=url.password,
-            host=endpoint.host,
-            port=endpoint.port,
-            database=url.path.lstrip("/") or "postgres",
-        )
-        self.engine = create_engine(target)
+        from benchmarks.raw_sql import postgresql_url  # noqa: PLC0415
+
+        self.engine = create_engine(postgresql_url(url))
         self.table = Table(
             f"rawbench_{run}_watch",
             MetaData(),

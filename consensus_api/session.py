@@ -6,12 +6,12 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from functools import partial
-from types import TracebackType
 from typing import Any, TypeVar
 
 from consensus_api import config, registry
 from consensus_api.assignors import Assignor
 from consensus_api.backend import Backend, Reader, Target, TargetKind
+from consensus_api.closing import Closing
 from consensus_api.coordinator import (
     Coordinator,
     CoordinatorHandler,
@@ -70,7 +70,7 @@ class _Events:
         self._session._hub.changed(target)
 
 
-class Session:
+class Session(Closing):
     """A connection whose lifetime bounds every member, candidacy and leadership.
 
     SUSPENDED means connection trouble while ephemeral state may still exist;
@@ -192,14 +192,6 @@ class Session:
         finally:
             self._dispatcher.submit(lambda: self._notify_state(SessionState.CLOSED))
             self._dispatcher.stop(self.settings.request_timeout)
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<Session {self.url.redacted()} {self._state.name}>"

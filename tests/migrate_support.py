@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 import time
 import uuid
@@ -17,6 +18,7 @@ from consensus_api.migrate import LEDGER, Report, migrate
 from consensus_api.testing import ServerHandle
 
 WAIT = 60.0
+CLI = [sys.executable, "-m", "consensus_api.cli"]
 
 
 @dataclass
@@ -62,14 +64,6 @@ def value_of(index: int) -> bytes:
 def settle(requests: list[Any]) -> None:
     for request in requests:
         request.get(timeout=WAIT)
-
-
-def etcd_target(etcd: ServerHandle) -> str:
-    return f"{etcd.url}/t-{uuid.uuid4().hex[:8]}"
-
-
-def pg_target(postgresql: ServerHandle) -> str:
-    return f"{postgresql.url}?table_prefix=m{uuid.uuid4().hex[:8]}_"
 
 
 def stored(url: str, prefix: str = "") -> dict[str, bytes]:

@@ -8,13 +8,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from consensus_api.testing import ServerHandle, start_server
+from consensus_api.testing import ServerHandle
 
 FIELDS = {
     "workload",
@@ -80,15 +77,9 @@ def test_sqlite_quick(tmp_path: Path) -> None:
     assert op["ours_ops_8t"] > 0 and op["baseline_ops_8t"] > 0
 
 
-@pytest.fixture(scope="module")
-def zookeeper() -> Iterator[ServerHandle]:
-    with start_server("zookeeper") as server:
-        yield server
-
-
-def test_zookeeper_watch_and_membership(zookeeper: ServerHandle) -> None:
+def test_zookeeper_watch_and_membership(zookeeper_server: ServerHandle) -> None:
     """On ZooKeeper the raw kazoo watch and tooz are the baselines."""
-    report = bench(zookeeper.url, "--only", "propagation,membership")
+    report = bench(zookeeper_server.url, "--only", "propagation,membership")
     check_rows(report, "zookeeper", {"propagation.value", "membership.join"})
     rows = {row["workload"]: row for row in report["results"]}
     assert rows["propagation.value"]["baseline"] == "kazoo DataWatch"

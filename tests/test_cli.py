@@ -229,6 +229,7 @@ def test_demo_shows_handover_with_higher_term(tmp_path: Path) -> None:
 def test_section_of() -> None:
     assert section_of("consensus_api/conformance/test_storage.py::test_put[x/y]") == "storage"
     assert section_of("test_errors.py::TestX::test_y") == "errors"
+    assert section_of("consensus_api/conformance/test_faults_netns.py::test_x") == "faults"
 
 
 COLLECTED = """

@@ -1,4 +1,5 @@
-"""The backend-independent parts of the Coordinator: assignors, negotiation, KIP-848 reconciliation."""
+"""The backend-independent parts of the Coordinator: assignors, negotiation, KIP-848 reconciliation,
+and the checks of what an application passes in."""
 
 from __future__ import annotations
 
@@ -17,8 +18,15 @@ from consensus_api.assignors import (
     Subscription,
     get_assignor,
 )
+from consensus_api.coordinator.handler import (
+    assignor_named,
+    check_resource_listener,
+    require_callbacks,
+    resource_names,
+)
 from consensus_api.coordinator.negotiation import Offer, admit, choose, compatible
 from consensus_api.coordinator.reconcile import FENCED, Ack, GroupState, reconcile
+from consensus_api.errors import ConfigurationError, InvalidKeyError, InvalidTypeError
 
 RESOURCES = frozenset(f"r{i:02d}" for i in range(10))
 
@@ -171,3 +179,24 @@ def test_group_state_round_trips() -> None:
     sim.reconcile()
     assert GroupState.decode(sim.state.encode()) == sim.state
     assert GroupState.decode(b"not json") is None
+
+
+class _HalfListener:
+    def on_assigned(self, resources: frozenset[str]) -> None:
+        pass
+
+
+def test_resource_arguments_are_checked_before_any_io() -> None:
+    """Resource names, listeners and assignors become ConsensusError subclasses, naming the fault."""
+    assert resource_names(["a", "b", "a"]) == frozenset({"a", "b"})
+    with pytest.raises(InvalidTypeError, match="not one str"):
+        resource_names("ab")
+    with pytest.raises(InvalidKeyError):
+        resource_names(["a/b"])
+    with pytest.raises(InvalidTypeError, match=r"lacks on_revoked \(see ResourceListener\)"):
+        check_resource_listener(_HalfListener())  # type: ignore[arg-type]
+    with pytest.raises(InvalidTypeError, match="the handler lacks metadata, on_leave_prepare"):
+        require_callbacks(object(), ("metadata", "on_leave_prepare"), "handler", "CoordinatorHandler")
+    assert assignor_named("sticky").name == "sticky"
+    with pytest.raises(ConfigurationError, match="unknown assignor"):
+        assignor_named("no-such-assignor")

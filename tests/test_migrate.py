@@ -11,26 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
-from migrate_support import (
-    WAIT,
-    Tree,
-    api_tree,
-    etcd_target,
-    hosts,
-    pg_target,
-    raw_tree,
-    settle,
-    stored,
-    value_of,
-)
+from migrate_support import CLI, WAIT, Tree, api_tree, hosts, raw_tree, settle, stored, value_of
 
 import consensus_api as ca
 from consensus_api import BackendUnavailableError
@@ -38,38 +25,9 @@ from consensus_api.migrate import LEDGER, Action, MigrationConflictError, Report
 from consensus_api.testing import ServerHandle
 from consensus_api.testing._process import HOST, free_port
 
-CLI = [sys.executable, "-m", "consensus_api.cli"]
-
 
 class StopCopyError(Exception):
     """Raised by a progress callback to stop a copy midway."""
-
-
-pytest_plugins = ["consensus_api.testing.pytest_plugin"]
-
-
-@pytest.fixture
-def zookeeper(zookeeper_server: ServerHandle) -> ServerHandle:
-    return zookeeper_server
-
-
-@pytest.fixture
-def etcd(etcd_server: ServerHandle) -> ServerHandle:
-    return etcd_server
-
-
-@pytest.fixture
-def postgresql(postgresql_server: ServerHandle) -> ServerHandle:
-    return postgresql_server
-
-
-@pytest.fixture(scope="module")
-def kazoo(zookeeper_server: ServerHandle) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=hosts(zookeeper_server), timeout=30)
-    client.start(timeout=30)
-    yield client
-    client.stop()
-    client.close()
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +75,7 @@ def big_tree(zookeeper_server: ServerHandle, kazoo: KazooClient) -> Tree:
 
 @pytest.mark.parametrize("backend", ["etcd", "postgresql"])
 def test_raw_tree_of_10000_keys_is_copied_byte_for_byte(backend: str, big_tree: Tree, request: Any) -> None:
-    target = (
-        etcd_target(request.getfixturevalue("etcd"))
-        if backend == "etcd"
-        else pg_target(request.getfixturevalue("postgresql"))
-    )
+    target = request.getfixturevalue(f"{backend}_target")
     report = migrate(big_tree.url, target, raw=True)
     copied = stored(target)
     assert sorted(set(copied) ^ set(big_tree.expected)) == []
@@ -135,34 +89,39 @@ def test_raw_tree_of_10000_keys_is_copied_byte_for_byte(backend: str, big_tree: 
 
 
 def test_api_written_tree_is_copied_without_ephemeral_state(
-    zookeeper: ServerHandle, etcd: ServerHandle
+    zookeeper_server: ServerHandle, etcd_target: str
 ) -> None:
-    source, expected = api_tree(zookeeper, 150)
-    target = etcd_target(etcd)
+    source, expected = api_tree(zookeeper_server, 150)
     with ca.connect(source) as session:
         session.group("workers").join("w1", b"member data")
         assert session.election("scheduler").nominate("c1")
-        report = migrate(source, target)
+        report = migrate(source, etcd_target)
     assert report.counts[Action.CREATE] == len(expected) and report.ok
-    assert stored(target) == expected
-    assert migrate(source, target, verify=True).differences == []
-    with ca.connect(target) as session:
+    assert stored(etcd_target) == expected
+    assert migrate(source, etcd_target, verify=True).differences == []
+    with ca.connect(etcd_target) as session:
         assert session.group("workers").members() == frozenset()
         assert session.election("scheduler").leader() is None
-    assert stored(target, "ns0") == {key: value for key, value in expected.items() if key.startswith("ns0/")}
-    partial = etcd_target(etcd)
-    migrate(source, partial, prefix="ns0")
-    assert stored(partial) == {k: v for k, v in expected.items() if k == "ns0" or k.startswith("ns0/")}
+    assert stored(etcd_target, "ns0") == {
+        key: value for key, value in expected.items() if key.startswith("ns0/")
+    }
+
+
+def test_prefix_copies_the_key_and_the_keys_below_it(
+    zookeeper_server: ServerHandle, etcd_target: str
+) -> None:
+    source, expected = api_tree(zookeeper_server, 150)
+    migrate(source, etcd_target, prefix="ns0")
+    assert stored(etcd_target) == {k: v for k, v in expected.items() if k == "ns0" or k.startswith("ns0/")}
 
 
 def test_dry_run_lists_and_writes_nothing(
-    zookeeper: ServerHandle, kazoo: KazooClient, etcd: ServerHandle
+    zookeeper_server: ServerHandle, kazoo: KazooClient, etcd_target: str
 ) -> None:
-    tree = raw_tree(zookeeper, kazoo, 50)
-    target = etcd_target(etcd)
-    report = migrate(tree.url, target, raw=True, dry_run=True)
+    tree = raw_tree(zookeeper_server, kazoo, 50)
+    report = migrate(tree.url, etcd_target, raw=True, dry_run=True)
     assert sorted(key for action, key in report.planned if action is Action.CREATE) == sorted(tree.expected)
-    with ca.connect(target) as session:
+    with ca.connect(etcd_target) as session:
         assert list(session.storage.walk("")) == []
 
 
@@ -191,10 +150,9 @@ def test_walk_and_chained_migrations_on_sqlite(tmp_path: Any) -> None:
 
 
 def test_interrupted_copy_resumes_to_the_same_result(
-    zookeeper: ServerHandle, kazoo: KazooClient, postgresql: ServerHandle
+    zookeeper_server: ServerHandle, kazoo: KazooClient, postgresql_target: str
 ) -> None:
-    tree = raw_tree(zookeeper, kazoo, 2000)
-    target = pg_target(postgresql)
+    tree = raw_tree(zookeeper_server, kazoo, 2000)
     done = 0
 
     def stop_midway(report: Report) -> None:
@@ -204,19 +162,19 @@ def test_interrupted_copy_resumes_to_the_same_result(
             raise StopCopyError
 
     with pytest.raises(StopCopyError):
-        migrate(tree.url, target, raw=True, progress=stop_midway)
-    partial = stored(target)
+        migrate(tree.url, postgresql_target, raw=True, progress=stop_midway)
+    partial = stored(postgresql_target)
     assert 700 < len(partial) < 2000
     copied = sorted(partial)
     kazoo.set(f"{tree.root}/{copied[0]}", b"changed on the source meanwhile")
     kazoo.delete(f"{tree.root}/{copied[1]}")
-    with ca.connect(target) as client:
+    with ca.connect(postgresql_target) as client:
         client.storage.update(copied[2], b"a client wrote this")
-    report = migrate(tree.url, target, raw=True)
+    report = migrate(tree.url, postgresql_target, raw=True)
     assert report.counts[Action.CREATE] == 2000 - len(partial)
     assert report.counts[Action.UPDATE] == 1 and report.counts[Action.DELETE] == 1
     assert report.conflicts == [copied[2]]
-    final = stored(target)
+    final = stored(postgresql_target)
     expected = dict(tree.expected)
     expected[copied[0]] = b"changed on the source meanwhile"
     del expected[copied[1]]
@@ -225,19 +183,18 @@ def test_interrupted_copy_resumes_to_the_same_result(
 
 
 def test_rerun_after_the_switch_leaves_client_writes_alone(
-    zookeeper: ServerHandle, etcd: ServerHandle
+    zookeeper_server: ServerHandle, etcd_target: str
 ) -> None:
-    source, expected = api_tree(zookeeper, 40)
-    target = etcd_target(etcd)
-    migrate(source, target)
-    with ca.connect(target) as client:
+    source, expected = api_tree(zookeeper_server, 40)
+    migrate(source, etcd_target)
+    with ca.connect(etcd_target) as client:
         client.storage.update("ns1/sub1/k001", b"client update")
         client.storage.delete("ns2/sub2/k002")
         client.storage.put("ns3/client-only", b"client key")
     with ca.connect(source) as session:
         session.storage.update("ns4/sub1/k004", b"source update")
         session.storage.delete("ns0/sub0/k000")
-    report = migrate(source, target)
+    report = migrate(source, etcd_target)
     assert report.counts[Action.UPDATE] == 1 and report.counts[Action.DELETE] == 1
     assert report.conflicts == ["ns1/sub1/k001", "ns2/sub2/k002", "ns3/client-only"]
     expected |= {
@@ -246,16 +203,15 @@ def test_rerun_after_the_switch_leaves_client_writes_alone(
         "ns4/sub1/k004": b"source update",
     }
     del expected["ns2/sub2/k002"], expected["ns0/sub0/k000"]
-    assert stored(target) == expected
+    assert stored(etcd_target) == expected
 
 
-def test_cli_interrupted_by_sigint_resumes(big_tree: Tree, etcd: ServerHandle) -> None:
-    target = etcd_target(etcd)
-    command = [*CLI, "migrate", "--from", big_tree.url, "--to", target, "--raw"]
+def test_cli_interrupted_by_sigint_resumes(big_tree: Tree, etcd_target: str) -> None:
+    command = [*CLI, "migrate", "--from", big_tree.url, "--to", etcd_target, "--raw"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + WAIT
-        while len(stored(target)) < 500 and time.monotonic() < deadline and process.poll() is None:
+        while len(stored(etcd_target)) < 500 and time.monotonic() < deadline and process.poll() is None:
             time.sleep(0.2)
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=WAIT)
@@ -263,11 +219,11 @@ def test_cli_interrupted_by_sigint_resumes(big_tree: Tree, etcd: ServerHandle) -
         process.kill()
     assert process.returncode == 130, err.decode()
     assert b"run the same command again to resume" in err
-    assert len(stored(target)) < 10_000
+    assert len(stored(etcd_target)) < 10_000
     resumed = subprocess.run(command, capture_output=True, timeout=WAIT * 2, check=False)
     assert resumed.returncode == 1, resumed.stderr.decode()  # the two unholdable paths
     assert b"cannot be held" not in resumed.stdout and b"keys the target cannot hold" in resumed.stderr
-    assert stored(target) == big_tree.expected
+    assert stored(etcd_target) == big_tree.expected
     verify = subprocess.run([*command, "--verify"], capture_output=True, timeout=WAIT, check=False)
     assert verify.returncode == 1
     assert sorted(line.split()[1] for line in verify.stdout.decode().splitlines()) == sorted(
@@ -276,36 +232,41 @@ def test_cli_interrupted_by_sigint_resumes(big_tree: Tree, etcd: ServerHandle) -
 
 
 def test_target_with_other_data_is_refused_without_overwrite(
-    zookeeper: ServerHandle, postgresql: ServerHandle
+    zookeeper_server: ServerHandle, postgresql_target: str
 ) -> None:
-    source, expected = api_tree(zookeeper, 30)
-    target = pg_target(postgresql)
-    with ca.connect(target) as session:
+    source, expected = api_tree(zookeeper_server, 30)
+    with ca.connect(postgresql_target) as session:
         session.storage.put("ns1/sub1/k001", b"other data")
         session.storage.put("ns2/only-here", b"not in the source")
     with pytest.raises(MigrationConflictError) as refused:
-        migrate(source, target)
+        migrate(source, postgresql_target)
     assert refused.value.conflicts == ["ns1/sub1/k001", "ns2/only-here"]
-    assert stored(target) == {"ns1/sub1/k001": b"other data", "ns2/only-here": b"not in the source"}
+    assert stored(postgresql_target) == {
+        "ns1/sub1/k001": b"other data",
+        "ns2/only-here": b"not in the source",
+    }
     cli = subprocess.run(
-        [*CLI, "migrate", "--from", source, "--to", target], capture_output=True, timeout=WAIT, check=False
+        [*CLI, "migrate", "--from", source, "--to", postgresql_target],
+        capture_output=True,
+        timeout=WAIT,
+        check=False,
     )
     assert cli.returncode == 1 and b"--overwrite" in cli.stderr
-    report = migrate(source, target, overwrite=True)
+    report = migrate(source, postgresql_target, overwrite=True)
     assert report.counts[Action.UPDATE] == 1 and report.counts[Action.DELETE] == 1
-    assert stored(target) == expected
-    assert migrate(source, target, verify=True).differences == []
+    assert stored(postgresql_target) == expected
+    assert migrate(source, postgresql_target, verify=True).differences == []
 
 
-def test_unreachable_source_or_target(etcd: ServerHandle) -> None:
+def test_unreachable_source_or_target(etcd_server: ServerHandle) -> None:
     closed = free_port()
     options = {"connect_timeout": 1}
     with pytest.raises(BackendUnavailableError, match="source"):
-        migrate(f"zookeeper://{HOST}:{closed}/x", etcd.url, raw=True, options=options)
+        migrate(f"zookeeper://{HOST}:{closed}/x", etcd_server.url, raw=True, options=options)
     with pytest.raises(BackendUnavailableError, match="target"):
-        migrate(etcd.url, f"etcd://{HOST}:{closed}/x", options=options)
+        migrate(etcd_server.url, f"etcd://{HOST}:{closed}/x", options=options)
     cli = subprocess.run(
-        [*CLI, "migrate", "--from", f"etcd://{HOST}:{closed}/x?connect_timeout=1", "--to", etcd.url],
+        [*CLI, "migrate", "--from", f"etcd://{HOST}:{closed}/x?connect_timeout=1", "--to", etcd_server.url],
         capture_output=True,
         timeout=WAIT,
         check=False,

@@ -4,65 +4,22 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from kazoo.client import KazooClient
-from migrate_support import (
-    WAIT,
-    api_tree,
-    etcd_target,
-    follow_in_thread,
-    hosts,
-    pg_target,
-    raw_tree,
-    stored,
-    wait_equal,
-)
+from migrate_support import CLI, WAIT, api_tree, follow_in_thread, raw_tree, stored, wait_equal
 
 import consensus_api as ca
 from consensus_api.migrate import Report
 from consensus_api.testing import ServerHandle
 
-CLI = [sys.executable, "-m", "consensus_api.cli"]
-
-
-pytest_plugins = ["consensus_api.testing.pytest_plugin"]
-
-
-@pytest.fixture
-def zookeeper(zookeeper_server: ServerHandle) -> ServerHandle:
-    return zookeeper_server
-
-
-@pytest.fixture
-def etcd(etcd_server: ServerHandle) -> ServerHandle:
-    return etcd_server
-
-
-@pytest.fixture
-def postgresql(postgresql_server: ServerHandle) -> ServerHandle:
-    return postgresql_server
-
-
-@pytest.fixture(scope="module")
-def kazoo(zookeeper_server: ServerHandle) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=hosts(zookeeper_server), timeout=30)
-    client.start(timeout=30)
-    yield client
-    client.stop()
-    client.close()
-
 
 def test_follow_raw_carries_changes_made_during_the_copy(
-    zookeeper: ServerHandle, kazoo: KazooClient, etcd: ServerHandle
+    zookeeper_server: ServerHandle, kazoo: KazooClient, etcd_target: str
 ) -> None:
-    tree = raw_tree(zookeeper, kazoo, 2000)
-    target = etcd_target(etcd)
+    tree = raw_tree(zookeeper_server, kazoo, 2000)
     root = tree.root
     changed = threading.Event()
 
@@ -75,19 +32,19 @@ def test_follow_raw_carries_changes_made_during_the_copy(
             kazoo.create(f"{root}/brand/new/deep", b"\x00new subtree", makepath=True)
             kazoo.delete(f"{root}/d9", recursive=True)
 
-    _, finish = follow_in_thread(tree.url, target, raw=True, progress=during_copy, rescan_interval=2)
+    _, finish = follow_in_thread(tree.url, etcd_target, raw=True, progress=during_copy, rescan_interval=2)
     deadline = time.monotonic() + WAIT
     while not changed.is_set() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert changed.is_set()
-    wait_equal(tree.url, target, raw=True)
+    wait_equal(tree.url, etcd_target, raw=True)
     kazoo.set(f"{root}/d4/k0004", b"updated while following")
     kazoo.delete(f"{root}/d5/k0005")
     kazoo.set(f"{root}/brand", b"an intermediate znode gets data")
-    wait_equal(tree.url, target, raw=True)
+    wait_equal(tree.url, etcd_target, raw=True)
     report = finish()
     assert report.ok and not report.conflicts
-    final = stored(target)
+    final = stored(etcd_target)
     assert final["d1/k0001"] == b"updated during the copy"
     assert final["d4/k0004"] == b"updated while following"
     assert "d2/k0002" not in final and "d5/k0005" not in final
@@ -98,33 +55,32 @@ def test_follow_raw_carries_changes_made_during_the_copy(
 
 
 def test_follow_api_source_with_listeners_and_rescan(
-    zookeeper: ServerHandle, postgresql: ServerHandle
+    zookeeper_server: ServerHandle, postgresql_target: str
 ) -> None:
-    source, _ = api_tree(zookeeper, 100)
-    target = pg_target(postgresql)
+    source, _ = api_tree(zookeeper_server, 100)
     live: list[Report] = []
     with ca.connect(source) as session:
         store = session.storage
-        _, finish = follow_in_thread(source, target, rescan_interval=1, progress=live.append)
-        wait_equal(source, target, raw=False)
+        _, finish = follow_in_thread(source, postgresql_target, rescan_interval=1, progress=live.append)
+        wait_equal(source, postgresql_target, raw=False)
         store.update("ns1/sub1/k001", b"updated")
         store.delete("ns2/sub2/k002")
         store.put("ns3/sub0/fresh", b"new key in a known namespace")
         store.put("never/seen/before", b"new namespace: found by the rescan")
         store.delete("top")
         store.put("top", b"re-created")
-        wait_equal(source, target, raw=False)
-        with ca.connect(target) as client:  # a switched client writes the target: its value wins
+        wait_equal(source, postgresql_target, raw=False)
+        with ca.connect(postgresql_target) as client:  # a switched client writes the target: its value wins
             client.storage.update("ns4/sub1/k004", b"written on the new backend")
         store.update("ns4/sub1/k004", b"late write on the old backend")
         store.update("ns0", b"still copied")
         deadline = time.monotonic() + WAIT
         while time.monotonic() < deadline and not (
-            stored(target).get("ns0") == b"still copied" and "ns4/sub1/k004" in live[-1].conflicts
+            stored(postgresql_target).get("ns0") == b"still copied" and "ns4/sub1/k004" in live[-1].conflicts
         ):
             time.sleep(0.2)
         report = finish()
-    final = stored(target)
+    final = stored(postgresql_target)
     assert final["ns0"] == b"still copied" and final["top"] == b"re-created"
     assert final["ns4/sub1/k004"] == b"written on the new backend"
     assert report.conflicts == ["ns4/sub1/k004"]

@@ -6,7 +6,6 @@ import contextlib
 import logging
 import re
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from tls_support import write_certificates
 
 import consensus_api as ca
 from backends.zookeeper import ZooKeeperBackend
@@ -444,75 +444,19 @@ def test_digest_auth_restricts_the_chroot(
     assert any("alice:***" in message for message in messages), "kazoo's auth request was not logged"
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _certificates(directory: Path) -> None:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, all signed by the CA."""
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=consensus-test-ca",
-        cwd=directory,
-    )
-    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
-    for name, extra in (("server", ["-extfile", "san.cnf"]), ("client", [])):
-        _openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            f"/CN={name}",
-            cwd=directory,
-        )
-        _openssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.crt",
-            "-days",
-            "2",
-            *extra,
-            cwd=directory,
-        )
-    (directory / "server.pem").write_text(
-        (directory / "server.key").read_text() + (directory / "server.crt").read_text()
-    )
-
-
 @pytest.fixture
 def tls_server() -> Iterator[tuple[ServerHandle, int, Path]]:
     """A ZooKeeper server with a plain port (for the probe) and a TLS port that demands client certs."""
     directory = Path(tempfile.mkdtemp(prefix="zookeeper-tls-"))
-    _certificates(directory)
+    write_certificates(directory)
+    (directory / "keystore.pem").write_text(
+        (directory / "server.key").read_text() + (directory / "server.pem").read_text()
+    )
     port, secure = free_port(), free_port()
     (directory / "zoo.cfg").write_text(
         f"tickTime=500\ndataDir={directory / 'data'}\nclientPort={port}\nclientPortAddress={HOST}\n"
         f"secureClientPort={secure}\nserverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
-        f"ssl.keyStore.location={directory / 'server.pem'}\nssl.keyStore.type=PEM\n"
+        f"ssl.keyStore.location={directory / 'keystore.pem'}\nssl.keyStore.type=PEM\n"
         f"ssl.trustStore.location={directory / 'ca.pem'}\nssl.trustStore.type=PEM\nssl.clientAuth=need\n"
         "admin.enableServer=false\n4lw.commands.whitelist=srvr\n"
     )
@@ -547,7 +491,7 @@ def test_tls_with_client_certificate(tls_server: tuple[ServerHandle, int, Path],
     url = f"zookeeper://{HOST}:{port}{chroot}"
     files = {
         "tls_ca": str(certs / "ca.pem"),
-        "tls_cert": str(certs / "client.crt"),
+        "tls_cert": str(certs / "client.pem"),
         "tls_key": str(certs / "client.key"),
     }
     with ca.connect(url, **files) as session:

@@ -6,9 +6,12 @@ Every ``TICK`` seconds (or at once when woken) the driver
   driver loop: (re)join when due, poll the heartbeat);
 * probes the cluster with a ListOffsets request every ``probe_interval``;
 * describes every watched group and every group of its own members every
-  ``WATCH_INTERVAL``; reports a change of a watched group's state or members
-  through ``events.changed``, and makes its own members rejoin at once when
-  their group is rebalancing (rather than at their next heartbeat);
+  ``WATCH_INTERVAL`` while they hold at most ``MEMBERS_PER_WATCH`` members in
+  all, proportionally less often above that (at most ``MAX_WATCH_INTERVAL``
+  apart), so that big groups do not multiply the cost of watching; reports a
+  change of a watched group's state or members through ``events.changed``,
+  and makes its own members rejoin at once when their group is rebalancing
+  (rather than at their next heartbeat);
 * derives the session state. SUSPENDED: the last probe failed or is overdue.
   LOST: a member was dropped by the broker, a joined member's last heartbeat
   is older than ``session_timeout``, or no probe succeeded for
@@ -40,6 +43,9 @@ log = logging.getLogger("consensus_api.kafka")
 TICK = 0.05
 PREPARING = "PreparingRebalance"
 WATCH_INTERVAL = 0.1
+MEMBERS_PER_WATCH = 100
+#: The longest heartbeat interval: heartbeats tell a member of a rebalance at least this often anyway.
+MAX_WATCH_INTERVAL = 1.0
 
 
 class Host(Protocol):
@@ -102,6 +108,7 @@ class Driver:
         self._describe: Any = None
         self._described_at = 0.0
         self._describe_sent = 0.0
+        self._watch_interval = WATCH_INTERVAL
         self._thread = threading.Thread(target=self._run, name="consensus-kafka-driver", daemon=True)
 
     def start(self) -> None:
@@ -176,8 +183,12 @@ class Driver:
             if done.exception is None:
                 self._compare(watched, done.value)
                 self._notice_rebalances(members, done.value)
+                described = sum(len(view.members) for view in done.value.values())
+                self._watch_interval = min(
+                    MAX_WATCH_INTERVAL, max(WATCH_INTERVAL, WATCH_INTERVAL * described / MEMBERS_PER_WATCH)
+                )
         groups = set(watched) | {member.group_id for member in members}
-        if self._describe is None and groups and now - self._described_at >= WATCH_INTERVAL:
+        if self._describe is None and groups and now - self._described_at >= self._watch_interval:
             self._described_at = now
             self._describe_sent = now
             self._describe = self._channel.start(self._channel.describe_async, sorted(groups))

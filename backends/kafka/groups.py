@@ -3,10 +3,11 @@
 A joined member or a candidate is a :class:`Member` of the Kafka group
 ``<prefix>.group.<name>`` or ``<prefix>.election.<service>``. Observers that
 never joined read a group with DescribeGroups: while the group is Stable every
-member's metadata (id, data) and the leader's assignment (the accepted
-members) are visible; during a rebalance only the member ids are, so the last
-Stable roster is used for members still present, and a reader waits (at most
-``session_timeout``) when a member it has never seen is joining.
+member's metadata (id, data) and its own assignment (whether the group leader
+accepted it) are visible, so what the broker stores and returns per group
+grows linearly with its members; during a rebalance only the member ids are,
+so the last Stable roster is used for members still present, and a reader
+waits (at most ``session_timeout``) when a member it has never seen is joining.
 
 The leader of a service is the holder of the service's lease in the command
 log (:mod:`backends.kafka.state`) while its Kafka member is still in the
@@ -20,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import kafka.errors as kerrors
@@ -30,12 +30,9 @@ from backends.kafka.commandlog import CommandLog
 from backends.kafka.errors import timeout_error, translate
 from backends.kafka.member import Member
 from backends.kafka.protocol import (
-    ELECTION_TYPE,
-    GROUP_TYPE,
     Assignment,
     LeaseView,
-    decode_assignment,
-    decode_metadata,
+    Roster,
 )
 from backends.kafka.records import Command, Op
 from backends.kafka.settings import Settings
@@ -58,19 +55,6 @@ CLAIM_RETRY = 0.1
 SETTLE_POLL = 0.05
 #: (is an election, group or service name, member or candidate id)
 Key = tuple[bool, str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Roster:
-    """The members of a group as of its last Stable description."""
-
-    ids: dict[str, str]
-    data: dict[str, bytes]
-    known: frozenset[str]
-
-    def present(self, kafka_ids: set[str]) -> dict[str, bytes]:
-        """Member id -> data of the accepted members among ``kafka_ids``."""
-        return {self.ids[kid]: self.data[kid] for kid in sorted(kafka_ids) if kid in self.ids}
 
 
 class Groups:
@@ -221,7 +205,9 @@ class Groups:
         group_id = self._settings.election_id(name) if election else self._settings.group_id(name)
         with self._lock:
             taken = key in self._members
-        if taken or own_id in {i for i, _ in self._roster_entries(group_id, deadline)}:
+        # An early answer for a member already seen; the group leader rejects any later duplicate.
+        known = self._roster_entries(group_id, deadline, settle=False)
+        if taken or own_id in {i for i, _ in known}:
             raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
         lease_view = (lambda: self.lease_view(name)) if election else None
         try:
@@ -255,7 +241,7 @@ class Groups:
         if member.stopping:
             raise SessionLostError(f"the session was lost while {own_id!r} was joining {name!r}")
         outcome = member.outcome
-        accepted = member.assignment is not None and member.kafka_id in member.assignment.members
+        accepted = member.assignment is not None and member.assignment.accepted
         if member.settled.is_set() and isinstance(outcome, bool):
             return outcome
         if accepted and not member.settled.is_set():
@@ -333,17 +319,15 @@ class Groups:
     def _on_assignment(self, member: Member, assignment: Assignment | None) -> None:
         if member.stopping or member.lost:
             return
-        kafka_id = member.kafka_id
-        if assignment is None or kafka_id not in assignment.members:
-            rejected = assignment is not None and kafka_id in assignment.rejected
+        if assignment is None or not assignment.accepted:
             kind = "candidate" if member.election else "member"
             member.settle(
                 MemberExistsError(f"a live {kind} {member.own_id!r} is already in {member.name!r}")
-                if rejected
+                if assignment is not None
                 else ConsensusError(f"unreadable assignment in {member.group_id!r}")
             )
             return
-        if not member.election or assignment.leader != kafka_id:
+        if not member.election or assignment.leader != member.kafka_id:
             member.settle(not member.election)
             return
         stable = member.generation_if_stable()
@@ -380,41 +364,33 @@ class Groups:
         deadline = time.monotonic() + self._settings.request_timeout
         return dict(self._roster_entries(group_id, deadline))
 
-    def _roster_entries(self, group_id: str, deadline: float) -> list[tuple[str, bytes]]:
-        settle_by = time.monotonic() + min(self._settings.request_timeout, self._settings.session_timeout + 1)
+    def _roster_entries(
+        self, group_id: str, deadline: float, *, settle: bool = True
+    ) -> list[tuple[str, bytes]]:
+        """(id, data) of the accepted members. While members never seen in a Stable roster are joining,
+        wait (at most ``session_timeout`` plus a second) for the rebalance to end if ``settle``, else
+        answer at once from the last Stable roster this session saw."""
+        settle_within = (
+            min(self._settings.request_timeout, self._settings.session_timeout + 1) if settle else 0.0
+        )
+        settle_by = time.monotonic() + settle_within
         while True:
             view = self._describe(group_id, deadline)
             if view.state in GONE:
                 return []
             if view.state == STABLE:
-                roster = _decode(group_id, view)
+                roster = Roster.of(group_id, view)
                 with self._lock:
                     self._rosters[group_id] = roster
                 return list(roster.present(set(view.members)).items())
             with self._lock:
                 cached = self._rosters.get(group_id)
             present = set(view.members)
-            if cached is not None and present <= cached.known:
+            give_up = time.monotonic() + SETTLE_POLL >= settle_by
+            if cached is not None and (present <= cached.known or give_up):
                 return list(cached.present(present).items())
-            if time.monotonic() + SETTLE_POLL >= settle_by:
-                if cached is not None:
-                    return list(cached.present(present).items())
+            if give_up:
+                if not settle:
+                    return []
                 raise timeout_error(f"the rebalance of group {group_id!r} to end")
             time.sleep(SETTLE_POLL)
-
-
-def _decode(group_id: str, view: GroupView) -> Roster:
-    if view.protocol_type not in (GROUP_TYPE, ELECTION_TYPE):
-        raise ConsensusError(f"Kafka group {group_id!r} belongs to another protocol ({view.protocol_type})")
-    assignments = (decode_assignment(assignment) for _, assignment in view.members.values())
-    assignment = next((a for a in assignments if a is not None), None)
-    ids = {
-        kid: own_id
-        for kid, own_id in (assignment.members.items() if assignment else ())
-        if kid in view.members
-    }
-    data: dict[str, bytes] = {}
-    for kid in ids:
-        metadata = decode_metadata(view.members[kid][0])
-        data[kid] = metadata.data if metadata is not None else b""
-    return Roster(ids, data, frozenset(view.members))

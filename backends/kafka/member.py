@@ -30,6 +30,7 @@ from backends.kafka.channel import Channel
 from backends.kafka.protocol import (
     ELECTION_TYPE,
     GROUP_TYPE,
+    NO_RANK,
     PROTOCOL_NAME,
     Assignment,
     LeaseView,
@@ -190,7 +191,7 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
             at=self._joined_at,
             since=self._since,
             seen=last.generation if last else -1,
-            queue=last.queue if last else (),
+            rank=last.rank if last else NO_RANK,
             lease=self._lease_view() if self._lease_view else (0, None),
             data=self._data,
         )
@@ -209,7 +210,7 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         self, generation: int, member_id: str, protocol: str, member_assignment_bytes: bytes
     ) -> None:
         assignment = decode_assignment(bytes(member_assignment_bytes))
-        if assignment is not None and member_id in assignment.members and self._since < 0:
+        if assignment is not None and assignment.accepted and self._since < 0:
             self._since = assignment.generation
         self.assignment = assignment
         self.completed_at = time.monotonic()

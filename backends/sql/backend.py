@@ -1,16 +1,19 @@
 """The SQL backend: SQLite (a shared file, WAL mode) and PostgreSQL (psycopg 3).
 
 Guarantees beyond the Backend contract: lease expiry is judged by the
-database clock only, and any session reaps expired leases at every
-heartbeat (every ``session_timeout / 3``), so a dead member leaves within
-``4/3 * session_timeout``; every transaction that writes starts with the
-database's write lock (SQLite ``BEGIN IMMEDIATE``) or locks the rows it
-decides on (PostgreSQL), so fenced writes and elections are atomic.
+database clock only; every session reaps expired leases at each heartbeat
+(every ``session_timeout / 3``, earlier when another lease expires sooner), so
+while any session lives a dead one's members and candidates go when its lease
+expires (``session_timeout`` after its last renewal) plus ``REAP_SLACK`` and
+one transaction; every transaction that writes starts with the database's
+write lock (SQLite ``BEGIN IMMEDIATE``) or locks the rows it decides on
+(PostgreSQL), so fenced writes and elections are atomic.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -23,7 +26,15 @@ from sqlalchemy import Connection, Engine
 
 from backends.sql import ephemeral, store
 from backends.sql.changes import ChangeFeed, prune
-from backends.sql.engine import MIN_CONNECT_LEFT, Watchdog, calls_until, create, describe_error, is_retryable
+from backends.sql.engine import (
+    MIN_CONNECT_LEFT,
+    Watchdog,
+    begin_sqlite,
+    calls_until,
+    create,
+    describe_error,
+    is_retryable,
+)
 from backends.sql.schema import Tables
 from consensus_api.backend import Backend, Target
 from consensus_api.config import boolean, positive_float, string
@@ -44,6 +55,9 @@ TROUBLE_PAUSE = 0.25
 #: back in milliseconds); against a server that stopped answering, LOST may then come up to
 #: libpq's minimum connect timeout (2 s) late.
 HEARTBEAT_CONNECT_LEFT = 0.05
+#: A heartbeat due to reap a lease comes this many seconds after the lease expires (database
+#: clock); it is also the shortest pause between heartbeats, so they never spin.
+REAP_SLACK = 0.01
 
 #: Keys per page of ``walk``.
 WALK_PAGE = 500
@@ -246,9 +260,8 @@ class SQLBackend(Backend):
             try:
                 with conn:
                     try:
-                        if write:
-                            conn.execution_options(consensus_write=True)
                         with conn.begin():
+                            begin_sqlite(conn, write)
                             if fence is not None:
                                 ephemeral.check_fence(conn, self._tables, fence)
                             result = work(conn)
@@ -271,7 +284,13 @@ class SQLBackend(Backend):
                 ) from None
 
     def _beat(self) -> None:
-        """Renew the lease every ``session_timeout / 3``.
+        """Renew the lease every ``session_timeout / 3``, and reap expired leases with it.
+
+        Each renewal also learns when the earliest lease expires; if that is
+        before the next heartbeat is due, the heartbeat comes ``REAP_SLACK``
+        after that expiry instead, so a dead session is reaped as its lease
+        expires. A live session renews every ``session_timeout / 3``, so its
+        lease always expires later than the next heartbeat and causes none.
 
         An attempt is the retry: it fails at once when the database cannot be
         reached (SUSPENDED; tried again every ``TROUBLE_PAUSE``) and never runs
@@ -291,29 +310,30 @@ class SQLBackend(Backend):
             try:
                 if self._beat_state is SessionState.LOST:
                     self._replace_lease(started + self.settings.request_timeout)
-                    renewed = True
+                    next_expiry: float | None = math.inf
                 else:
                     deadline = min(started + self.settings.request_timeout, last_renewal + ttl)
-                    renewed = self._renew_watched(deadline, ttl / 3)
+                    next_expiry = self._renew_watched(deadline, ttl / 3)
             except (OperationTimeoutError, BackendUnavailableError, SessionLostError) as exc:
                 log.debug("heartbeat failed: %s", exc)
                 lapsed = time.monotonic() - last_renewal > ttl
                 lost = lapsed or self._beat_state is SessionState.LOST
                 self._report(SessionState.LOST if lost else SessionState.SUSPENDED)
                 continue
-            if not renewed:
+            if next_expiry is None:
                 self._report(SessionState.LOST)
                 try:
                     self._replace_lease(time.monotonic() + self.settings.request_timeout)
                 except (OperationTimeoutError, BackendUnavailableError, SessionLostError) as exc:
                     log.debug("re-establishing the session failed: %s", exc)
                     continue
+                next_expiry = math.inf
             last_renewal = started
-            pause = ttl / 3
+            pause = min(ttl / 3, max(next_expiry, 0.0) + REAP_SLACK)
             self._report(SessionState.CONNECTED)
 
-    def _renew_watched(self, deadline: float, slow: float) -> bool:
-        """One renewal; SUSPENDED is reported if it is still running after ``slow`` seconds."""
+    def _renew_watched(self, deadline: float, slow: float) -> float | None:
+        """One renewal (``_renew``); SUSPENDED is reported if it is still running after ``slow`` seconds."""
         running = threading.Event()
         running.set()
 
@@ -333,12 +353,14 @@ class SQLBackend(Backend):
                 running.clear()
             timer.cancel()
 
-    def _renew(self, conn: Connection) -> bool:
+    def _renew(self, conn: Connection) -> float | None:
+        """Renew this session's lease and reap expired ones: seconds until the earliest lease left
+        expires, or None if this session's lease had expired."""
         if not ephemeral.renew_lease(conn, self._tables, self._session_id, self.settings.session_timeout):
-            return False
+            return None
         ephemeral.reap_expired(conn, self._tables)
         prune(conn, self._tables)
-        return True
+        return ephemeral.next_expiry(conn, self._tables)
 
     def _replace_lease(self, deadline: float) -> None:
         """After a loss: drop what is left of the old lease and open a new one."""

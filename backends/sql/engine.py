@@ -73,12 +73,18 @@ def _sqlite(url: BackendURL, settings: Options) -> Engine:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    @event.listens_for(engine, "begin")
-    def _begin(conn: sqlalchemy.Connection) -> None:
-        immediate = conn.get_execution_options().get("consensus_write", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
-
     return engine
+
+
+def begin_sqlite(conn: sqlalchemy.Connection, write: bool) -> None:
+    """Begin SQLite's transaction in the one SQLAlchemy has just begun on ``conn`` (no-op elsewhere).
+
+    A write takes the write lock up front (``BEGIN IMMEDIATE``), so it never
+    fails to upgrade a read lock midway; a read sees one snapshot throughout.
+    SQLAlchemy does not begin it itself: the driver runs in autocommit mode.
+    """
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
 _call_deadline = threading.local()
@@ -105,6 +111,10 @@ def calls_until(deadline: float, min_left: float = MIN_CONNECT_LEFT) -> Iterator
         _call_deadline.value = previous
 
 
+#: Disarmed deadlines the watchdog's queue may hold beyond twice the armed ones before it is compacted.
+STALE_ENTRIES = 64
+
+
 class Watchdog:
     """Cuts the connection of a call that outlives its deadline (one thread for every call).
 
@@ -123,14 +133,19 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     def arm(self, dbapi_connection: Any, deadline: float) -> int:
+        """Watch ``dbapi_connection`` until ``deadline``; the thread wakes only for an earlier deadline."""
         token = next(self._tokens)
         with self._cond:
             self._armed[token] = dbapi_connection
+            if len(self._queue) > 2 * len(self._armed) + STALE_ENTRIES:
+                self._queue = [entry for entry in self._queue if entry[1] in self._armed]
+                heapq.heapify(self._queue)
             heapq.heappush(self._queue, (deadline, token))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="consensus-sql-watchdog", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif self._queue[0][1] == token:
+                self._cond.notify()
         return token
 
     def disarm(self, token: int) -> bool:

@@ -10,9 +10,10 @@ leaders row first, in service order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
-from sqlalchemy import Connection, delete, literal, select, update
+from sqlalchemy import Connection, delete, func, literal, select, update
 
 from backends.sql.changes import log_changes
 from backends.sql.dialect import insert_if_absent
@@ -40,6 +41,12 @@ def renew_lease(conn: Connection, t: Tables, session_id: str, ttl: float) -> boo
         .returning(t.sessions.c.id)
     )
     return renewed.first() is not None
+
+
+def next_expiry(conn: Connection, t: Tables) -> float:
+    """Seconds from now until the earliest lease expires, by the database clock (``inf`` without leases)."""
+    left = conn.execute(select(func.min(t.sessions.c.expires_at) - db_now(conn.dialect.name))).scalar()
+    return math.inf if left is None else float(left)
 
 
 def reap_expired(conn: Connection, t: Tables) -> None:

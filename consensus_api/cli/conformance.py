@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from consensus_api.cli._common import EXIT_FAILURE, err_console, out_console, resolved_url
+from consensus_api.conformance import SECTIONS
 from consensus_api.session import connect
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class Section:
     seconds: float = 0.0
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: pytest keeps plugins in sets (e.g. when a conftest is loaded)
 class Collector:
     """A pytest plugin that records the outcome of every test by section.
 
@@ -113,10 +114,10 @@ def _first_line(longrepr: Any) -> str:
 
 
 def section_of(nodeid: str) -> str:
-    """``.../test_storage.py::test_x[param]`` -> ``storage``."""
+    """``.../test_storage.py::test_x[param]`` -> ``storage``; ``test_faults_netns.py`` -> ``faults``."""
     module = nodeid.split("::", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    module = module.removesuffix(".py")
-    return module.removeprefix("test_") or module
+    name = module.removesuffix(".py").removeprefix("test_") or module
+    return next((section for section in SECTIONS if name.startswith(f"{section}_")), name)
 
 
 def run_suite(url: str, select: str | None, quiet: bool) -> tuple[int, Collector]:

@@ -10,8 +10,9 @@ entry point; ``--consensus-url`` may also come from ``$CONSENSUS_URL`` and
 ``--consensus-option NAME=VALUE`` sets a connection option for every session
 (e.g. a longer ``session_timeout`` for a backend whose minimum is higher).
 One module per SPEC section; the section's name is the module name without
-``test_``. Every test namespaces its keys, groups and services uniquely, so
-the suite never depends on (or wipes) what the backend already holds.
+``test_`` (a section may go on in ``test_<section>_<more>.py``). Every test
+namespaces its keys, groups and services uniquely, so the suite never depends
+on (or wipes) what the backend already holds.
 """
 
 #: The sections of the suite, in SPEC order: ``test_<section>.py`` each.

@@ -17,10 +17,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from consensus_api.conformance.helpers import EventLog, unique, wait_until
-from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.errors import ConsensusError
 from consensus_api.model import (
     KeySetChanged,
@@ -32,6 +31,9 @@ from consensus_api.model import (
     Versioned,
 )
 from consensus_api.session import Session
+
+if TYPE_CHECKING:
+    from consensus_api.conformance.worker import WorkerProcess  # the worker runs a Prober
 
 #: Short timeouts keep the section fast: the options of every session a fault test opens.
 SESSION_TIMEOUT = 3.0
@@ -154,6 +156,10 @@ class Prober:
         self._thread = threading.Thread(target=self._run, name="ct-prober", daemon=True)
 
     def __enter__(self) -> Prober:
+        return self.start()
+
+    def start(self) -> Prober:
+        """Start calling; ``stop`` ends it."""
         self._thread.start()
         return self
 
@@ -333,6 +339,20 @@ def leading_child(
     _, ready = child.expect("READY", 60)
     assert ready.split()[1] == "leads", ready
     return child, int(ready.split()[2])
+
+
+def watch_child(
+    session: Session, group: str, service: str, member: str
+) -> tuple[EventLog[MembershipChanged], EventLog[LeaderChanged]]:
+    """Listeners of ``session`` on ``group`` and ``service``, once they saw ``member`` (a
+    ``leading_child``) as a member and ``c-<member>`` as the leader."""
+    members: EventLog[MembershipChanged] = EventLog("members")
+    leaders: EventLog[LeaderChanged] = EventLog("leader")
+    session.group(group).add_listener(members)
+    session.election(service).add_listener(leaders)
+    members.wait_for(lambda event: member in event.members, what=f"{member} as member")
+    leaders.wait_for(lambda event: event.leader_id == f"c-{member}", what=f"{member} as leader")
+    return members, leaders
 
 
 def led_by(session: Session, service: str, candidate: str) -> Leadership | None:

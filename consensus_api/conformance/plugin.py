@@ -10,12 +10,14 @@ Fixtures: ``consensus_url``, ``consensus_options``, ``open_session(**options)``,
 arguments), ``ns`` (a unique key namespace per test),
 ``spawn_worker(command, *args, **options)`` (a child process, see ``worker.py``),
 ``server`` (a ``consensus_api.testing.ServerHandle`` on the tested server, from
-the control file ``--consensus-control`` names) and ``fault_timings``.
+the control file ``--consensus-control`` names) and ``record`` (a fault test's timings).
 
 Which tests apply depends on the backend: a test marked ``requires_server``
 needs a server process the suite controls (not SQLite, whose "server" is a
 file; and not an external server without a control file); one marked
-``database_file`` applies to SQLite only. Tests that do not apply are not
+``database_file`` applies to SQLite only; one marked ``network_namespace``
+needs Linux network namespaces (root and iproute2,
+``consensus_api.testing.netns``). Tests that do not apply are not
 collected (deselected, never skipped) and the run lists them with the reason
 ("not applicable").
 """
@@ -34,7 +36,7 @@ import pytest
 
 import consensus_api
 from consensus_api.config import ENV_URL, parse_url
-from consensus_api.conformance.faults_support import TimingLog
+from consensus_api.conformance.faults_support import Record, TimingLog
 from consensus_api.conformance.helpers import SessionFactory
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.errors import ConfigurationError
@@ -119,6 +121,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "requires_server: needs a server process the suite controls (not SQLite, not external)"
     )
     config.addinivalue_line("markers", "database_file: applies to a database file (SQLite) only")
+    config.addinivalue_line("markers", "network_namespace: needs Linux network namespaces (root, iproute2)")
     path = config.getoption("consensus_timings", None) or os.environ.get(TIMINGS_ENV)
     config.stash[TIMINGS] = TimingLog(Path(path) if path else None)
     config.stash[NOT_APPLICABLE] = {}
@@ -158,7 +161,19 @@ def _control_problem(config: pytest.Config, url: str) -> str | None:
     return None
 
 
-def _not_applicable(item: pytest.Item, url: str, control_problem: str | None) -> str | None:
+def _namespace_problem() -> str | None:
+    """Why tests cannot run clients in network namespaces here, or None if they can."""
+    try:
+        from consensus_api.testing.netns import why_unavailable  # noqa: PLC0415 - needs the test extra
+    except ImportError as exc:
+        return f"network namespaces need pip install 'consensus-api[test]' ({exc})"
+    reason = why_unavailable()
+    return None if reason is None else f"no network namespaces here: {reason}"
+
+
+def _not_applicable(
+    item: pytest.Item, url: str, control_problem: str | None, namespace_problem: str | None
+) -> str | None:
     scheme = url.partition("://")[0].lower()
     is_file = scheme in FILE_SCHEMES
     if item.get_closest_marker("database_file") is not None and not is_file:
@@ -168,6 +183,8 @@ def _not_applicable(item: pytest.Item, url: str, control_problem: str | None) ->
             return "not applicable: SQLite has no server process"
         if control_problem is not None:
             return f"not applicable: {control_problem}"
+    if item.get_closest_marker("network_namespace") is not None and namespace_problem is not None:
+        return f"not applicable: {namespace_problem}"
     return None
 
 
@@ -179,7 +196,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return  # the tests fail with the missing-URL message
     needs_control = any(item.get_closest_marker("requires_server") for item in items)
     problem = _control_problem(config, url) if needs_control else None
-    reasons = {item.nodeid: reason for item in items if (reason := _not_applicable(item, url, problem))}
+    needs_namespace = any(item.get_closest_marker("network_namespace") for item in items)
+    namespace_problem = _namespace_problem() if needs_namespace else None
+    reasons = {
+        item.nodeid: reason
+        for item in items
+        if (reason := _not_applicable(item, url, problem, namespace_problem))
+    }
     if not reasons:
         return
     config.stash[NOT_APPLICABLE] = reasons
@@ -296,10 +319,18 @@ def spawn_worker(consensus_url: str, consensus_options: dict[str, object]) -> It
         worker.close()
 
 
-@pytest.fixture(scope="session")
-def fault_timings(pytestconfig: pytest.Config) -> TimingLog:
-    """Where fault tests record what they measure (printed at the end, written to --consensus-timings)."""
-    return pytestconfig.stash[TIMINGS]
+@pytest.fixture
+def record(pytestconfig: pytest.Config, request: pytest.FixtureRequest, consensus_url: str) -> Record:
+    """``record(measure, seconds)``: keep a timing of this test for the summary and the JSON file
+    (``--consensus-timings``)."""
+    scheme = consensus_url.partition("://")[0].lower()
+    backend = SERVER_OF_SCHEME.get(scheme, scheme)
+    timings = pytestconfig.stash[TIMINGS]
+
+    def record(measure: str, seconds: float, note: str = "") -> None:
+        timings.record(backend, request.node.name, measure, seconds, note)
+
+    return record
 
 
 @pytest.fixture(scope="session")

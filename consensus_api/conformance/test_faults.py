@@ -5,7 +5,7 @@ Every test states its guarantee in its docstring; the bounds are in ``faults_sup
 (``loss_bound``: session_timeout + the backend's detection delay + scheduling slack; calls:
 request_timeout + 1 s). Tests marked ``requires_server`` run where the suite controls a server
 process (``--consensus-control``), ``database_file`` ones on SQLite only; the rest everywhere.
-What they measure is recorded (``fault_timings``) and summarised in docs/guarantees.md.
+What they measure is recorded (the ``record`` fixture) and summarised in docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from consensus_api.conformance.faults_support import (
     SESSION_TIMEOUT,
     Record,
     Subject,
-    TimingLog,
     fenced_lines,
     leading_child,
     led_by,
@@ -41,27 +40,16 @@ from consensus_api.conformance.faults_support import (
     not_connected,
     recovered,
     timed_call,
+    watch_child,
 )
 from consensus_api.conformance.helpers import EventLog, SessionFactory, unique, wait_until
-from consensus_api.conformance.plugin import SERVER_OF_SCHEME, WorkerFactory
+from consensus_api.conformance.plugin import WorkerFactory
 from consensus_api.testing import ServerHandle
 from consensus_api.testing.faults import expire_session
 from consensus_api.testing.proxy import TcpProxy
 
 #: How long a paused server stays paused: past the session timeout and past a call's limit.
 PAUSE = max(SESSION_TIMEOUT, CALL_LIMIT) + 0.5
-
-
-@pytest.fixture
-def record(fault_timings: TimingLog, request: pytest.FixtureRequest, consensus_url: str) -> Record:
-    """``record(measure, seconds)``: keep a timing of this test for the summary and the JSON file."""
-    scheme = consensus_url.partition("://")[0].lower()
-    backend = SERVER_OF_SCHEME.get(scheme, scheme)
-
-    def record(measure: str, seconds: float, note: str = "") -> None:
-        fault_timings.record(backend, request.node.name, measure, seconds, note)
-
-    return record
 
 
 @pytest.fixture
@@ -98,12 +86,7 @@ def test_killed_client_is_replaced(
     observer, contender = open_session(**FAULT_OPTIONS), open_session(**FAULT_OPTIONS)
     child, term = leading_child(spawn_worker, group, "doomed", service)
     assert contender.election(service).nominate("c-next") is False
-    members: EventLog[MembershipChanged] = EventLog("members")
-    leaders: EventLog[LeaderChanged] = EventLog("leader")
-    observer.group(group).add_listener(members)
-    observer.election(service).add_listener(leaders)
-    members.wait_for(lambda event: "doomed" in event.members, what="the child as member")
-    leaders.wait_for(lambda event: event.leader_id == "c-doomed", what="the child as leader")
+    members, leaders = watch_child(observer, group, service, "doomed")
     bound = loss_bound(observer.backend, SESSION_TIMEOUT)
 
     killed = time.monotonic()

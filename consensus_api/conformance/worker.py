@@ -26,7 +26,10 @@ Commands:
     ``FENCED_PUT ok <version>``, ``FENCED_PUT fenced`` or
     ``FENCED_PUT error <class>``), ``FENCED put|update|delete KEY`` (the same
     write fenced by that leadership, timed: ``FENCED <op> ok|fenced|<error
-    class> <seconds>``) and ``EXIT`` (close, print ``BYE``).
+    class> <seconds>``), ``PROBE_START NS`` / ``PROBE_STOP`` (a
+    ``faults_support.Prober`` on keys under NS, then ``PROBED ok <calls>
+    <longest seconds> <error classes or ->`` or ``PROBED blocked <message>``)
+    and ``EXIT`` (close, print ``BYE``).
 ``sqlite-lock --hold S [--wipe]``
     no session: open the SQLite file of URL, ``BEGIN IMMEDIATE`` (the write
     lock), with ``--wipe`` delete every row of every table (uncommitted), print
@@ -60,6 +63,7 @@ from consensus_api import (
     connect,
 )
 from consensus_api.config import parse_url
+from consensus_api.conformance.faults_support import Prober
 from consensus_api.conformance.helpers import EVENT_TIMEOUT, EventLog
 from consensus_api.session import Session
 
@@ -170,6 +174,7 @@ def _run_hold(session: Session, commands: _Commands, args: argparse.Namespace) -
         emit("ERROR Timeout the election listener never reported this candidate as leader")
         return 2
     emit("READY", "leads" if leads else "follows", held.term if held else "-")
+    prober: Prober | None = None
     while (line := commands.next()) is not None:
         command, _, argument = line.partition(" ")
         if command == "EXIT":
@@ -185,6 +190,11 @@ def _run_hold(session: Session, commands: _Commands, args: argparse.Namespace) -
                 emit("FENCED_PUT ok", version)
         elif command == "FENCED":
             _fenced_write(session, held, *argument.split(" ", 1))
+        elif command == "PROBE_START" and prober is None:
+            prober = Prober(session, argument, args.group, args.service).start()
+        elif command == "PROBE_STOP" and prober is not None:
+            emit("PROBED", _stop_probing(prober))
+            prober = None
         else:
             emit("ERROR unknown command", command)
     session.close()
@@ -209,6 +219,14 @@ def _fenced_write(session: Session, held: Leadership | None, operation: str, key
         outcome = type(exc).__name__
         print(f"FENCED {operation} {key}: {outcome}: {exc}", file=sys.stderr, flush=True)
     emit("FENCED", operation, outcome, f"{time.monotonic() - start:.3f}")
+
+
+def _stop_probing(prober: Prober) -> str:
+    try:
+        prober.stop()
+    except AssertionError as exc:
+        return f"blocked {exc}"
+    return f"ok {len(prober.calls)} {prober.longest():.3f} {','.join(sorted(prober.failures())) or '-'}"
 
 
 def _run_sqlite_lock(url: str, commands: _Commands, hold: float, wipe: bool) -> int:
@@ -292,8 +310,12 @@ class WorkerProcess:
         args: Sequence[str],
         options: Mapping[str, object],
         lifetime: float = 120.0,
+        *,
+        launcher: Sequence[str] = (),
     ) -> None:
+        """Start the child; ``launcher`` prefixes its command line (e.g. ``NetworkNamespace.prefix``)."""
         argv = [
+            *launcher,
             sys.executable,
             "-m",
             "consensus_api.conformance.worker",
@@ -307,6 +329,8 @@ class WorkerProcess:
             argv += ["--opt", f"{name}={value}"]
         self.command = command
         self.lines: EventLog[str] = EventLog(f"worker {command}")
+        #: When each line arrived (``time.monotonic()``), by index in ``lines``.
+        self.arrivals: list[float] = []
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             argv,
@@ -328,7 +352,9 @@ class WorkerProcess:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.arrivals.append(time.monotonic())
             self.lines(line.rstrip("\n"))
+        self.arrivals.append(time.monotonic())
         self.lines(EOF_LINE)
 
     def stderr_tail(self, limit: int = 3000) -> str:

@@ -24,11 +24,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING
 
-from consensus_api.coordinator.loop import Mirror, StepThread
+from consensus_api.coordinator.elected import IDLE, ElectedRunner
+from consensus_api.coordinator.loop import Mirror, keyset_mirror, value_mirror
 from consensus_api.coordinator.negotiation import Offer, admit, choose
 from consensus_api.coordinator.records import (
     PREPARING,
@@ -40,13 +40,7 @@ from consensus_api.coordinator.records import (
     Layout,
     decode_offer,
 )
-from consensus_api.errors import (
-    ConsensusError,
-    FencedError,
-    KeyExistsError,
-    KeyNotFoundError,
-    VersionConflictError,
-)
+from consensus_api.errors import ConsensusError, KeyNotFoundError
 from consensus_api.model import KeySetChanged, Leadership, MembershipChanged, ValueChanged
 
 if TYPE_CHECKING:
@@ -54,52 +48,42 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("consensus_api.coordinator")
 
-IDLE = 1.0
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Turn:
+    """What one step decides on: the record at ``version`` while ``lead`` holds, and the live
+    members admitted in seniority order (``accepted``) or ``rejected`` for want of a protocol."""
+
+    lead: Leadership
+    record: GenerationRecord
+    version: int | None
+    accepted: list[str]
+    rejected: list[str]
 
 
-class Arbiter:
+class Arbiter(ElectedRunner[GenerationRecord]):
     """Runs while its member leads the group's election (``lead``); idle otherwise."""
 
     def __init__(self, session: Session, layout: Layout, own_id: str, rebalance_timeout: float) -> None:
-        self._session = session
+        name = f"consensus-arbiter-{layout.group}"
+        super().__init__(session, name, layout.root, layout.record, GenerationRecord.decode)
         self._layout = layout
         self._own = own_id
         self._timeout = rebalance_timeout
-        self._lock = threading.Lock()
-        self._leadership: Leadership | None = None
-        self._thread = StepThread(f"consensus-arbiter-{layout.group}", self._step, self._stop_mirrors)
-        self._members: Mirror[MembershipChanged] | None = None
-        self._records: Mirror[ValueChanged] | None = None
         self._joins: tuple[int, Mirror[KeySetChanged]] | None = None
         self._assignment: tuple[str, Mirror[ValueChanged]] | None = None
-        self._known: tuple[GenerationRecord | None, int | None] = (None, None)
         self._round: tuple[int, str, float] = (-1, "", 0.0)
         self._timed_out: set[str] = set()
 
-    def lead(self, leadership: Leadership | None) -> None:
-        """This member leads (``leadership``) or does not (None). Any thread."""
-        with self._lock:
-            self._leadership = leadership
-        if leadership is not None:
-            self._thread.start()
-        self._thread.wake()
-
-    def stop(self) -> None:
-        """Stop arbitrating for good."""
-        self._thread.stop(self._session.settings.request_timeout)
-
     # The arbiter thread
 
-    def _step(self) -> float:
-        with self._lock:
-            leadership = self._leadership
-        if leadership is None:
-            self._stop_mirrors()
-            return IDLE
-        members, records = self._start_mirrors()
-        if members is None or records is None:
-            return IDLE  # the first events wake us
-        record, version = self._latest(records)
+    def _decide(
+        self,
+        leadership: Leadership,
+        members: MembershipChanged,
+        record: GenerationRecord | None,
+        version: int | None,
+    ) -> float:
         if record is None:
             self._write(leadership, GenerationRecord(0, STABLE), version)
             return 0.0
@@ -108,75 +92,58 @@ class Arbiter:
         order += [self._own] if self._own in live and self._own not in order else []
         order += sorted(m for m in live if m not in order)
         accepted, rejected = admit(order, live)
+        turn = _Turn(leadership, record, version, accepted, rejected)
         if record.state == STABLE:
-            return self._stable(leadership, record, version, accepted, rejected)
+            return self._stable(turn)
         if record.state == PREPARING:
-            return self._preparing(leadership, record, version, accepted, rejected)
-        return self._syncing(leadership, record, version, accepted, rejected=rejected, live=set(live))
+            return self._preparing(turn)
+        return self._syncing(turn, live=set(live))
 
-    def _stable(
-        self,
-        lead: Leadership,
-        record: GenerationRecord,
-        version: int | None,
-        accepted: list[str],
-        rejected: list[str],
-    ) -> float:
+    def _stable(self, turn: _Turn) -> float:
+        record = turn.record
         requests = self._joined(record.generation + 1)
         if requests is None:
             return IDLE
-        self._timed_out &= set(accepted) - requests  # left out until it joins again
-        wanted = [m for m in accepted if m not in self._timed_out]
+        self._timed_out &= set(turn.accepted) - requests  # left out until it joins again
+        wanted = [m for m in turn.accepted if m not in self._timed_out]
         if set(wanted) != set(record.members) or requests & set(wanted):
             state = PREPARING if wanted else STABLE
             self._new_round(record.generation + 1)
             done = record.completed if wanted else None
             new = GenerationRecord(
-                record.generation + 1, state, tuple(wanted), tuple(rejected), completed=done
+                record.generation + 1, state, tuple(wanted), tuple(turn.rejected), completed=done
             )
-            self._write(lead, new, version)
-        elif set(rejected) != set(record.rejected):
-            self._write(lead, dataclasses.replace(record, rejected=tuple(rejected)), version)
+            self._commit(turn, new)
+        elif set(turn.rejected) != set(record.rejected):
+            self._commit(turn, dataclasses.replace(record, rejected=tuple(turn.rejected)))
         return IDLE
 
-    def _preparing(
-        self,
-        lead: Leadership,
-        record: GenerationRecord,
-        version: int | None,
-        accepted: list[str],
-        rejected: list[str],
-    ) -> float:
+    def _preparing(self, turn: _Turn) -> float:
+        record = turn.record
         generation = record.generation
         joined = self._joined(generation)
         if joined is None:
             return IDLE
         remaining = self._remaining(generation, PREPARING)
-        self._timed_out &= set(accepted) - joined
-        expected = [m for m in accepted if m not in self._timed_out]
+        self._timed_out &= set(turn.accepted) - joined
+        expected = [m for m in turn.accepted if m not in self._timed_out]
         if remaining <= 0:
             self._timed_out.update(m for m in expected if m not in joined)
             expected = [m for m in expected if m in joined]
         if not expected:
-            self._write(lead, GenerationRecord(generation, STABLE, (), tuple(rejected)), version)  # nobody
+            self._commit(turn, GenerationRecord(generation, STABLE, (), tuple(turn.rejected)))  # nobody
             return 0.0
         if all(m in joined for m in expected):
-            self._sync(lead, record, version, expected, rejected)
+            self._sync(turn, expected)
             return 0.0
-        if tuple(expected) != record.members or set(rejected) != set(record.rejected):
-            self._write(
-                lead, dataclasses.replace(record, members=tuple(expected), rejected=tuple(rejected)), version
+        if tuple(expected) != record.members or set(turn.rejected) != set(record.rejected):
+            self._commit(
+                turn, dataclasses.replace(record, members=tuple(expected), rejected=tuple(turn.rejected))
             )
         return max(0.01, min(IDLE, remaining))
 
-    def _sync(
-        self,
-        lead: Leadership,
-        record: GenerationRecord,
-        version: int | None,
-        expected: list[str],
-        rejected: list[str],
-    ) -> None:
+    def _sync(self, turn: _Turn, expected: list[str]) -> None:
+        record = turn.record
         joins: dict[str, JoinRecord] = {}
         for member in expected:
             stored = self._session.storage.fetch(self._layout.join(record.generation, member))
@@ -188,8 +155,8 @@ class Arbiter:
         if protocol is None:  # joins disagree with the offers: admit again on what they joined with
             offers = {m: Offer("", tuple(name for name, _ in join.protocols)) for m, join in joins.items()}
             kept, dropped = admit(expected, offers)
-            new = dataclasses.replace(record, members=tuple(kept), rejected=(*rejected, *dropped))
-            self._write(lead, new, version)
+            new = dataclasses.replace(record, members=tuple(kept), rejected=(*turn.rejected, *dropped))
+            self._commit(turn, new)
             return
         last = record.completed.leader if record.completed else None
         leader = last if last in expected else (self._own if self._own in expected else expected[0])
@@ -199,33 +166,25 @@ class Arbiter:
             record,
             state=SYNCING,
             members=tuple(expected),
-            rejected=tuple(rejected),
+            rejected=tuple(turn.rejected),
             protocol=protocol,
             leader=leader,
         )
-        self._write(lead, new, version)
+        self._commit(turn, new)
 
-    def _syncing(
-        self,
-        lead: Leadership,
-        record: GenerationRecord,
-        version: int | None,
-        accepted: list[str],
-        *,
-        rejected: list[str],
-        live: set[str],
-    ) -> float:
+    def _syncing(self, turn: _Turn, *, live: set[str]) -> float:
+        record = turn.record
         assert record.leader is not None and record.protocol is not None
         remaining = self._remaining(record.generation, SYNCING)
         if any(member not in live for member in record.members) or remaining <= 0:
             if remaining <= 0:
                 self._timed_out.add(record.leader)
             self._new_round(record.generation + 1)
-            members = tuple(m for m in accepted if m not in self._timed_out)
+            members = tuple(m for m in turn.accepted if m not in self._timed_out)
             new = GenerationRecord(
-                record.generation + 1, PREPARING, members, tuple(rejected), completed=record.completed
+                record.generation + 1, PREPARING, members, tuple(turn.rejected), completed=record.completed
             )
-            self._write(lead, new, version)
+            self._commit(turn, new)
             return 0.0
         assignment = self._assignment_of(record.generation, record.leader)
         if assignment is None or assignment.version is None:
@@ -233,11 +192,15 @@ class Arbiter:
         done = Completed(
             record.generation, record.members, record.protocol, record.leader, assignment.version
         )
-        self._write(lead, dataclasses.replace(record, state=STABLE, completed=done), version)
+        self._commit(turn, dataclasses.replace(record, state=STABLE, completed=done))
         self._clean(record.generation)
         return 0.0
 
     # Helpers
+
+    def _commit(self, turn: _Turn, new: GenerationRecord) -> None:
+        """Replace the record ``turn`` decided on with ``new`` (fenced, compared with its version)."""
+        self._write(turn.lead, new, turn.version)
 
     def _remaining(self, generation: int, state: str) -> float:
         if self._round[:2] != (generation, state):
@@ -247,44 +210,11 @@ class Arbiter:
     def _new_round(self, generation: int, state: str = PREPARING) -> None:
         self._round = (generation, state, time.monotonic())
 
-    def _latest(self, records: Mirror[ValueChanged]) -> tuple[GenerationRecord | None, int | None]:
-        event = records.event
-        known, known_version = self._known
-        if event is not None and event.version is not None and (known_version or -1) < event.version:
-            assert event.value is not None
-            known, known_version = GenerationRecord.decode(event.value), event.version
-            self._known = (known, known_version)
-        return known, known_version
-
-    def _write(self, lead: Leadership, record: GenerationRecord, version: int | None) -> None:
-        storage, key = self._session.storage, self._layout.record
-        try:
-            if version is None:
-                written = storage.put(key, record.encode(), fence=lead)
-            else:
-                written = storage.update(key, record.encode(), version=version, fence=lead)
-        except (VersionConflictError, KeyExistsError, KeyNotFoundError):
-            stored = storage.fetch(key)
-            self._known = (GenerationRecord.decode(stored.value), stored.version) if stored else (None, None)
-            return
-        except FencedError:
-            with self._lock:
-                if self._leadership == lead:
-                    self._leadership = None
-            return
-        self._known = (record, written)
-
     def _joined(self, generation: int) -> set[str] | None:
         if self._joins is None or self._joins[0] != generation:
             if self._joins is not None:
                 self._joins[1].stop()
-            namespace = self._layout.joins(generation)
-            listeners = self._session.listeners
-            mirror: Mirror[KeySetChanged] = Mirror(
-                lambda cb: listeners.add_keyset_listener(namespace, cb),
-                lambda cb: listeners.remove_keyset_listener(namespace, cb),
-                self._thread.wake,
-            )
+            mirror = keyset_mirror(self._session, self._layout.joins(generation), self._thread.wake)
             mirror.start()
             self._joins = (generation, mirror)
         event = self._joins[1].event
@@ -295,12 +225,7 @@ class Arbiter:
         if self._assignment is None or self._assignment[0] != key:
             if self._assignment is not None:
                 self._assignment[1].stop()
-            listeners = self._session.listeners
-            mirror: Mirror[ValueChanged] = Mirror(
-                lambda cb: listeners.add_value_listener(key, cb),
-                lambda cb: listeners.remove_value_listener(key, cb),
-                self._thread.wake,
-            )
+            mirror = value_mirror(self._session, key, self._thread.wake)
             mirror.start()
             self._assignment = (key, mirror)
         return self._assignment[1].event
@@ -318,30 +243,8 @@ class Arbiter:
         except ConsensusError as exc:
             log.debug("cleaning up generation %d of %r failed (%s)", generation, self._layout.group, exc)
 
-    def _start_mirrors(self) -> tuple[MembershipChanged | None, Mirror[ValueChanged] | None]:
-        if self._members is None:
-            group = self._session.group(self._layout.root)
-            self._members = Mirror(group.add_listener, group.remove_listener, self._thread.wake)
-            self._members.start()
-        if self._records is None:
-            key, listeners = self._layout.record, self._session.listeners
-            self._records = Mirror(
-                lambda cb: listeners.add_value_listener(key, cb),
-                lambda cb: listeners.remove_value_listener(key, cb),
-                self._thread.wake,
-            )
-            self._records.start()
-        if self._records.event is None:
-            return self._members.event, None
-        return self._members.event, self._records
-
-    def _stop_mirrors(self) -> None:
-        for mirror in (self._members, self._records):
-            if mirror is not None:
-                mirror.stop()
+    def _release(self) -> None:
         for pair in (self._joins, self._assignment):
             if pair is not None:
                 pair[1].stop()
-        self._members = self._records = None
         self._joins = self._assignment = None
-        self._known = (None, None)

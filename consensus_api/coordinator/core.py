@@ -22,33 +22,26 @@ Guarantees:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost, Protocols
-from consensus_api.coordinator.handler import CoordinatorHandler, Generation
-from consensus_api.coordinator.loop import StepThread
+from consensus_api.coordinator.handler import CoordinatorHandler, Generation, require_callbacks
+from consensus_api.coordinator.member import GroupMember
 from consensus_api.errors import (
     ConfigurationError,
     ConsensusError,
     InconsistentGroupProtocolError,
     InvalidTypeError,
-    OperationTimeoutError,
-    SessionLostError,
 )
-from consensus_api.keys import check_key, check_segment
-from consensus_api.model import SessionState
+from consensus_api.keys import check_segment
 
 if TYPE_CHECKING:
     from consensus_api.session import Session
 
 log = logging.getLogger("consensus_api.coordinator")
 
-#: Seconds a member may take to rejoin during a rebalance before the group goes on without it.
-DEFAULT_REBALANCE_TIMEOUT = 30.0
 HANDLER_METHODS = (
     "metadata",
     "on_join_prepare",
@@ -59,8 +52,9 @@ HANDLER_METHODS = (
 FATAL = (InconsistentGroupProtocolError, ConfigurationError, InvalidTypeError)
 
 
-class Coordinator(EngineHost):
-    """A member of ``group`` taking part in its rebalances; see ``session.coordinator``."""
+class Coordinator(GroupMember, EngineHost):
+    """A member of ``group`` taking part in its rebalances; see ``session.coordinator``.
+    ``close`` runs ``on_leave_prepare`` (if it had registered), then leaves the group."""
 
     def __init__(
         self,
@@ -71,21 +65,13 @@ class Coordinator(EngineHost):
         *,
         rebalance_timeout: float | None = None,
     ) -> None:
-        self.group = check_key(group, "group name")
+        super().__init__(session, group, rebalance_timeout)
         self.protocol_type = check_segment(protocol_type, "protocol type")
-        missing = [name for name in HANDLER_METHODS if not callable(getattr(handler, name, None))]
-        if missing:
-            raise InvalidTypeError(f"the handler lacks {', '.join(missing)} (see CoordinatorHandler)")
-        self.rebalance_timeout = _positive(rebalance_timeout, DEFAULT_REBALANCE_TIMEOUT)
-        self._session = session
+        require_callbacks(handler, HANDLER_METHODS, "handler", "CoordinatorHandler")
         self._handler = handler
-        self._cond = threading.Condition()
         self._generation: Generation | None = None
         self._prepared = False
         self._registered = False
-        self._error: ConsensusError | None = None
-        self._states: list[SessionState] = []
-        self._thread = StepThread(f"consensus-coordinator-{group}", self._step, self._finish)
         backend = session._backend_for_call()
         engine = backend.coordinator_engine(self.group, self.protocol_type, self, self.rebalance_timeout)
         self._engine = engine if engine is not None else default_engine(session, self)
@@ -101,28 +87,7 @@ class Coordinator(EngineHost):
         ``InconsistentGroupProtocolError`` if the member shares no protocol with the group,
         ``SessionLostError`` once closed.
         """
-        if self._thread.current():
-            raise ConsensusError("ensure_active_group cannot be called from a coordinator callback")
-        bound = (
-            self.rebalance_timeout + self._session.settings.request_timeout if timeout is None else timeout
-        )
-        deadline = time.monotonic() + _positive(bound, bound)
-        if self._thread.stopping:
-            raise SessionLostError(f"the coordinator of group {self.group!r} is closed")
-        self._thread.start()
-        with self._cond:
-            while True:
-                if self._error is not None:
-                    raise self._error
-                if self._thread.stopping:
-                    raise SessionLostError(f"the coordinator of group {self.group!r} is closed")
-                stable = self._stable()
-                if stable is not None:
-                    return stable
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise OperationTimeoutError(f"group {self.group!r} did not become stable in {bound:.1f}s")
-                self._cond.wait(min(remaining, 0.1))
+        return self._await(self._stable, timeout, "become stable")
 
     def generation(self) -> Generation | None:
         """The generation this member holds (also while a rebalance is under way), or None."""
@@ -142,26 +107,6 @@ class Coordinator(EngineHost):
         """Ask for a rebalance (the follow-up round of the cooperative protocol)."""
         self._engine.request_rejoin()
         self._thread.wake()
-
-    def close(self, timeout: float | None = None) -> None:
-        """``on_leave_prepare``, then leave the group. Idempotent; waits at most ``timeout``."""
-        self._session.remove_state_listener(self._on_state)
-        self._session._detach(self)
-        bound = self._session.settings.request_timeout + 2 if timeout is None else timeout
-        if not self._thread.started:
-            self._thread.stop(0)
-            return
-        self._thread.stop(bound)
-        with self._cond:
-            self._cond.notify_all()
-
-    def __enter__(self) -> Coordinator:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"<Coordinator {self.group!r} {self._generation}>"
@@ -224,10 +169,8 @@ class Coordinator(EngineHost):
     # The coordinator thread
 
     def _step(self) -> float:
-        with self._cond:
-            states, self._states = self._states, []
         try:
-            for state in states:
+            for state in self._take_states():
                 self._engine.session_state(state)
             if not self._registered:
                 self._engine.start()
@@ -256,11 +199,6 @@ class Coordinator(EngineHost):
             return None
         return self._generation
 
-    def _on_state(self, state: SessionState) -> None:
-        with self._cond:
-            self._states.append(state)
-        self._thread.wake()
-
     def _call(self, name: str, *args: Any) -> None:
         callback: Callable[..., object] = getattr(self._handler, name)
         try:
@@ -276,14 +214,6 @@ def default_engine(session: Session, coordinator: Coordinator) -> CoordinatorEng
     return GenericEngine(
         session, coordinator.group, coordinator.protocol_type, coordinator, coordinator.rebalance_timeout
     )
-
-
-def _positive(value: float | None, default: float) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigurationError(f"expected a positive number of seconds, got {value!r}")
-    return float(value)
 
 
 def _checked_protocols(protocols: Any) -> Protocols:

@@ -28,13 +28,12 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from consensus_api.coordinator.arbiter import Arbiter
 from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
 from consensus_api.coordinator.handler import Generation
-from consensus_api.coordinator.loop import Mirror, register, stand
+from consensus_api.coordinator.loop import Mirror, Seat, store, value_mirror
 from consensus_api.coordinator.negotiation import Offer, compatible
 from consensus_api.coordinator.records import (
     STABLE,
@@ -46,13 +45,8 @@ from consensus_api.coordinator.records import (
     decode_offer,
     encode_offer,
 )
-from consensus_api.errors import (
-    InconsistentGroupProtocolError,
-    KeyExistsError,
-    KeyNotFoundError,
-    NotAMemberError,
-)
-from consensus_api.model import LeaderChanged, Leadership, SessionState, ValueChanged
+from consensus_api.errors import InconsistentGroupProtocolError, KeyNotFoundError
+from consensus_api.model import SessionState, ValueChanged
 
 if TYPE_CHECKING:
     from consensus_api.session import Session
@@ -75,20 +69,14 @@ class GenericEngine(CoordinatorEngine):
         self._host = host
         self._id = f"m-{uuid.uuid4().hex}"
         self._membership = session.group(layout.root)
-        self._election = session.election(layout.root)
-        self._record: Mirror[ValueChanged] = Mirror(
-            lambda cb: session.listeners.add_value_listener(layout.record, cb),
-            lambda cb: session.listeners.remove_value_listener(layout.record, cb),
-            host.wake,
-        )
-        self._arbiter = Arbiter(session, layout, self._id, rebalance_timeout)
+        self._record: Mirror[ValueChanged] = value_mirror(session, layout.record, host.wake)
+        arbiter = Arbiter(session, layout, self._id, rebalance_timeout)
+        self._seat = Seat(session, layout.root, self._id, arbiter, host.wake)
         self._lock = threading.Lock()
         self._rejoin_requested = False
         self._held = -1  # the generation whose assignment the member holds
         self._joined = -1  # the newest generation it wrote a join record for
         self._assigned = -1  # the newest generation it computed the assignment of, as leader
-        self._registered = False
-        self._leaderless = True
         self._offer: Offer | None = None
 
     # CoordinatorEngine
@@ -116,24 +104,17 @@ class GenericEngine(CoordinatorEngine):
             )
         self._offer = offer
         self._record.start()
-        self._election.add_listener(self._on_leader)
-        self._register()
+        self._seat.take(self._offer_data)
 
     def session_state(self, state: SessionState) -> None:
         if state is SessionState.LOST:
             self._host.lost()
             self._held = self._joined = -1
-            self._registered = False
-        elif state is SessionState.CONNECTED and not self._registered:
-            self._register()
+            self._seat.lost()
 
     def step(self) -> float:
-        if not self._registered:
-            self._register()
-            if not self._registered:
-                return RETRY
-        if self._leaderless:
-            stand(self._session, self._layout.root, self._id)
+        if not self._seat.take(self._offer_data):
+            return RETRY
         if self._record.event is None:
             return IDLE  # the record's first event wakes us
         record = self._current()
@@ -156,23 +137,14 @@ class GenericEngine(CoordinatorEngine):
         return IDLE
 
     def close(self, deadline: float) -> None:
-        self._arbiter.stop()
         self._record.stop()
-        self._election.remove_listener(self._on_leader)
-        leaves: list[Callable[[str], None]] = [self._election.resign, self._membership.leave]
-        for leave in leaves:
-            try:
-                leave(self._id)
-            except NotAMemberError:
-                pass
-            except Exception as exc:
-                log.info("leaving group %r failed (%s)", self._layout.group, exc)
+        self._seat.close()
 
     # The member's side of the protocol
 
-    def _register(self) -> None:
+    def _offer_data(self) -> bytes:
         assert self._offer is not None
-        self._registered = register(self._session, self._layout.root, self._id, encode_offer(self._offer))
+        return encode_offer(self._offer)
 
     def _current(self) -> GenerationRecord | None:
         event = self._record.event
@@ -204,11 +176,7 @@ class GenericEngine(CoordinatorEngine):
             self._held = -1
         protocols = self._host.rejoin()
         key = self._layout.join(target, self._id)
-        value = JoinRecord(tuple(protocols)).encode()
-        try:
-            self._session.storage.put(key, value)
-        except KeyExistsError:
-            self._session.storage.update(key, value)
+        store(self._session, key, JoinRecord(tuple(protocols)).encode())
         self._joined = target
         with self._lock:
             self._rejoin_requested = False
@@ -236,11 +204,7 @@ class GenericEngine(CoordinatorEngine):
         if result is None:
             return
         key = self._layout.assignment(record.generation, self._id)
-        value = AssignmentRecord(record.generation, result).encode()
-        try:
-            storage.put(key, value)
-        except KeyExistsError:
-            storage.update(key, value)
+        store(self._session, key, AssignmentRecord(record.generation, result).encode())
         self._assigned = record.generation
 
     def _complete(self, record: GenerationRecord | None) -> bool:
@@ -257,15 +221,6 @@ class GenericEngine(CoordinatorEngine):
         self._host.complete(generation, assignment.assignments.get(self._id, b""))
         self._held = done.generation
         return True
-
-    def _on_leader(self, event: LeaderChanged) -> None:
-        self._leaderless = event.leader_id is None
-        if event.leader_id == self._id and event.term is not None:
-            self._arbiter.lead(Leadership(event.service, self._id, event.term))
-        else:
-            self._arbiter.lead(None)
-        if self._leaderless:
-            self._host.wake()  # stand as a candidate if among the first
 
     def _names(self) -> list[str]:
         return list(self._offer.protocols) if self._offer else []

@@ -4,13 +4,21 @@ Every callback of one coordinator runs on that coordinator's own thread
 (``consensus-coordinator-<group>``), one at a time and in protocol order:
 never on a client library's I/O thread, never on the session's dispatcher
 thread. A callback that raises is logged; the protocol goes on.
+
+The checks at the end turn what an application passes in (handlers,
+listeners, resource names, assignors) into ``ConsensusError`` subclasses
+before any I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from consensus_api.assignors import Assignor, get_assignor
+from consensus_api.errors import ConfigurationError, InvalidTypeError
+from consensus_api.keys import check_segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,3 +72,30 @@ class ResourceListener(Protocol):
     def on_revoked(self, resources: frozenset[str]) -> None:
         """This member no longer owns ``resources`` (stop them before returning)."""
         ...
+
+
+def require_callbacks(obj: object, names: Sequence[str], role: str, protocol: str) -> None:
+    """``InvalidTypeError`` naming every one of ``names`` that ``obj`` lacks as a callable."""
+    missing = [name for name in names if not callable(getattr(obj, name, None))]
+    if missing:
+        raise InvalidTypeError(f"the {role} lacks {', '.join(missing)} (see {protocol})")
+
+
+def resource_names(resources: Iterable[str]) -> frozenset[str]:
+    """``resources`` as a set of checked names, each one key segment."""
+    if isinstance(resources, str):
+        raise InvalidTypeError("resources must be an iterable of names, not one str")
+    return frozenset(check_segment(r, "resource name") for r in resources)
+
+
+def check_resource_listener(listener: ResourceListener) -> None:
+    """``InvalidTypeError`` unless ``listener`` has both callbacks of a :class:`ResourceListener`."""
+    require_callbacks(listener, ("on_assigned", "on_revoked"), "listener", "ResourceListener")
+
+
+def assignor_named(assignor: str | Assignor) -> Assignor:
+    """The assignor ``assignor`` names (or is); ``ConfigurationError`` for an unknown name."""
+    try:
+        return get_assignor(assignor)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None

@@ -24,9 +24,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from consensus_api.assignors import Assignor, Subscription, get_assignor
-from consensus_api.coordinator.handler import ResourceListener
-from consensus_api.errors import ConfigurationError, InvalidTypeError
-from consensus_api.keys import check_segment
+from consensus_api.coordinator.handler import (
+    ResourceListener,
+    assignor_named,
+    check_resource_listener,
+    resource_names,
+)
+from consensus_api.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from consensus_api.coordinator.core import Coordinator
@@ -68,16 +72,9 @@ class ResourceHandler:
         *,
         assignors: Sequence[str | Assignor] = ("cooperative-sticky",),
     ) -> None:
-        if isinstance(resources, str):
-            raise InvalidTypeError("resources must be an iterable of names, not one str")
-        self.resources = frozenset(check_segment(r, "resource name") for r in resources)
-        for name in ("on_assigned", "on_revoked"):
-            if not callable(getattr(listener, name, None)):
-                raise InvalidTypeError(f"the listener lacks {name} (see ResourceListener)")
-        try:
-            self.assignors = [get_assignor(a) for a in assignors]
-        except ValueError as exc:
-            raise ConfigurationError(str(exc)) from None
+        self.resources = resource_names(resources)
+        check_resource_listener(listener)
+        self.assignors = [assignor_named(a) for a in assignors]
         if not self.assignors:
             raise ConfigurationError("a ResourceHandler needs at least one assignor")
         #: True when every assignor is cooperative: members keep what they own across rebalances.

@@ -16,20 +16,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING
 
 from consensus_api.assignors import Assignor
-from consensus_api.coordinator.loop import Mirror, StepThread
+from consensus_api.coordinator.elected import IDLE, ElectedRunner
+from consensus_api.coordinator.loop import Mirror, value_mirror
 from consensus_api.coordinator.reconcile import UNREVOKED, Ack, GroupState, digest, reconcile
-from consensus_api.errors import (
-    ConsensusError,
-    FencedError,
-    KeyExistsError,
-    KeyNotFoundError,
-    VersionConflictError,
-)
+from consensus_api.errors import ConsensusError, KeyExistsError, KeyNotFoundError
 from consensus_api.model import Leadership, MembershipChanged, ValueChanged
 
 if TYPE_CHECKING:
@@ -37,8 +31,6 @@ if TYPE_CHECKING:
     from consensus_api.session import Session
 
 log = logging.getLogger("consensus_api.coordinator")
-
-IDLE = 1.0
 
 
 def publish_subscription(session: Session, layout: IncrementalLayout, resources: frozenset[str]) -> bytes:
@@ -49,51 +41,31 @@ def publish_subscription(session: Session, layout: IncrementalLayout, resources:
     return fingerprint.encode()
 
 
-class Steward:
+class Steward(ElectedRunner[GroupState]):
     """Runs while its member leads the group's election (``lead``); idle otherwise."""
 
     def __init__(
         self, session: Session, layout: IncrementalLayout, assignor: Assignor, timeout: float
     ) -> None:
-        self._session = session
+        name = f"consensus-steward-{layout.group}"
+        super().__init__(session, name, layout.root, layout.state, GroupState.decode)
         self._layout = layout
         self._assignor = assignor
         self._timeout = timeout
-        self._lock = threading.Lock()
-        self._leadership: Leadership | None = None
-        self._thread = StepThread(f"consensus-steward-{layout.group}", self._step, self._stop_mirrors)
-        self._members: Mirror[MembershipChanged] | None = None
-        self._state: Mirror[ValueChanged] | None = None
         self._acks: dict[str, Mirror[ValueChanged]] = {}
-        self._known: tuple[GroupState | None, int | None] = (None, None)
         self._unrevoked: dict[str, tuple[int, float]] = {}
         self._subscriptions: dict[str, frozenset[str]] = {}
 
-    def lead(self, leadership: Leadership | None) -> None:
-        """This member leads (``leadership``) or does not (None). Any thread."""
-        with self._lock:
-            self._leadership = leadership
-        if leadership is not None:
-            self._thread.start()
-        self._thread.wake()
-
-    def stop(self) -> None:
-        """Stop for good."""
-        self._thread.stop(self._session.settings.request_timeout)
-
-    def _step(self) -> float:
-        with self._lock:
-            leadership = self._leadership
-        if leadership is None:
-            self._stop_mirrors()
-            return IDLE
-        members_event, state_event = self._start_mirrors()
-        if members_event is None or state_event is None:
-            return IDLE
-        state, version = self._latest(state_event)
+    def _decide(
+        self,
+        leadership: Leadership,
+        members: MembershipChanged,
+        state: GroupState | None,
+        version: int | None,
+    ) -> float:
         live = {
             m: resources
-            for m, data in members_event.members.items()
+            for m, data in members.members.items()
             if (resources := self._subscription(data)) is not None
         }
         self._follow_acks(set(live) | set(state.members if state else ()))
@@ -128,32 +100,6 @@ class Steward:
             self._subscriptions[fingerprint] = resources
         return self._subscriptions[fingerprint]
 
-    def _latest(self, mirror: Mirror[ValueChanged]) -> tuple[GroupState | None, int | None]:
-        event = mirror.event
-        known, known_version = self._known
-        if event is not None and event.version is not None and (known_version or -1) < event.version:
-            known, known_version = GroupState.decode(event.value), event.version
-            self._known = (known, known_version)
-        return known, known_version
-
-    def _write(self, lead: Leadership, state: GroupState, version: int | None) -> None:
-        storage, key = self._session.storage, self._layout.state
-        try:
-            if version is None:
-                written = storage.put(key, state.encode(), fence=lead)
-            else:
-                written = storage.update(key, state.encode(), version=version, fence=lead)
-        except (VersionConflictError, KeyExistsError, KeyNotFoundError):
-            stored = storage.fetch(key)
-            self._known = (GroupState.decode(stored.value), stored.version) if stored else (None, None)
-            return
-        except FencedError:
-            with self._lock:
-                if self._leadership == lead:
-                    self._leadership = None
-            return
-        self._known = (state, written)
-
     def _forget_departed(self, old: GroupState, new: GroupState) -> None:
         for member in set(old.members) - set(new.members):
             try:
@@ -166,39 +112,15 @@ class Steward:
     def _follow_acks(self, members: set[str]) -> None:
         for member in set(self._acks) - members:
             self._acks.pop(member).stop()
-        listeners = self._session.listeners
         for member in members - set(self._acks):
-            key = self._layout.ack(member)
-            mirror: Mirror[ValueChanged] = Mirror(
-                lambda cb, key=key: listeners.add_value_listener(key, cb),  # type: ignore[misc]
-                lambda cb, key=key: listeners.remove_value_listener(key, cb),  # type: ignore[misc]
-                self._thread.wake,
-            )
+            mirror = value_mirror(self._session, self._layout.ack(member), self._thread.wake)
             mirror.start()
             self._acks[member] = mirror
 
-    def _start_mirrors(self) -> tuple[MembershipChanged | None, Mirror[ValueChanged] | None]:
-        if self._members is None:
-            group = self._session.group(self._layout.root)
-            self._members = Mirror(group.add_listener, group.remove_listener, self._thread.wake)
-            self._members.start()
-        if self._state is None:
-            key, listeners = self._layout.state, self._session.listeners
-            self._state = Mirror(
-                lambda cb: listeners.add_value_listener(key, cb),
-                lambda cb: listeners.remove_value_listener(key, cb),
-                self._thread.wake,
-            )
-            self._state.start()
-        return self._members.event, self._state if self._state.event is not None else None
-
-    def _stop_mirrors(self) -> None:
-        for mirror in [self._members, self._state, *self._acks.values()]:
-            if mirror is not None:
-                mirror.stop()
-        self._members = self._state = None
+    def _release(self) -> None:
+        for mirror in self._acks.values():
+            mirror.stop()
         self._acks = {}
-        self._known = (None, None)
         self._unrevoked = {}
 
 

@@ -45,18 +45,14 @@ def probe(port: int) -> bool:
         return False
 
 
-def start(workdir: Path | None = None) -> ServerHandle:
-    """Start a fresh single-member etcd on free loopback ports and wait until it serves reads."""
-    binary = _binary()
-    directory = Path(tempfile.mkdtemp(prefix="etcd-", dir=workdir))
-    client, peer = free_port(), free_port()
-    client_url, peer_url = f"http://{HOST}:{client}", f"http://{HOST}:{peer}"
-    command = [
-        binary,
+def member_command(data_dir: Path, client_url: str, peer_url: str) -> list[str]:
+    """The command line of a lone member serving clients at ``client_url``: fast elections, no fsync."""
+    return [
+        _binary(),
         "--name",
         "t",
         "--data-dir",
-        str(directory / "data"),
+        str(data_dir),
         "--listen-client-urls",
         client_url,
         "--advertise-client-urls",
@@ -77,6 +73,13 @@ def start(workdir: Path | None = None) -> ServerHandle:
         "100",
         "--unsafe-no-fsync",
     ]
+
+
+def start(workdir: Path | None = None) -> ServerHandle:
+    """Start a fresh single-member etcd on free loopback ports and wait until it serves reads."""
+    directory = Path(tempfile.mkdtemp(prefix="etcd-", dir=workdir))
+    client, peer = free_port(), free_port()
+    command = member_command(directory / "data", f"http://{HOST}:{client}", f"http://{HOST}:{peer}")
     handle = ServerHandle(
         "etcd", f"etcd://{HOST}:{client}", client, directory, command=command, probe=lambda: probe(client)
     )

@@ -28,10 +28,9 @@ import select
 import socket
 import struct
 import threading
-from types import TracebackType
-from typing import Self
 from urllib.parse import urlsplit, urlunsplit
 
+from consensus_api.closing import Closing
 from consensus_api.testing._process import HOST
 
 #: How often blocked threads look at the proxy's state, in seconds.
@@ -60,15 +59,18 @@ class _Link:
                 sock.close()
 
 
-class TcpProxy:
-    """Forwards ``HOST:listen_port`` to ``target_host:target_port``; see the module docstring."""
+class TcpProxy(Closing):
+    """Forwards ``listen_host:listen_port`` to ``target_host:target_port``; see the module docstring."""
 
-    def __init__(self, target_port: int, *, target_host: str = HOST, listen_port: int = 0) -> None:
+    def __init__(
+        self, target_port: int, *, target_host: str = HOST, listen_port: int = 0, listen_host: str = HOST
+    ) -> None:
         self.target = (target_host, target_port)
+        self.host = listen_host
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            self._listener.bind((HOST, listen_port))
+            self._listener.bind((listen_host, listen_port))
         except OSError:
             self._listener.close()
             raise
@@ -112,10 +114,7 @@ class TcpProxy:
 
     def url_for(self, url: str) -> str:
         """``url`` with its host and port replaced by the proxy's (user, path and query kept)."""
-        parts = urlsplit(url)
-        userinfo = parts.netloc.rpartition("@")[0]
-        netloc = f"{userinfo}@{HOST}:{self.port}" if userinfo else f"{HOST}:{self.port}"
-        return urlunsplit(parts._replace(netloc=netloc))
+        return url_at(url, self.host, self.port)
 
     # Life cycle
 
@@ -135,17 +134,9 @@ class TcpProxy:
         for thread in self._threads:
             thread.join(1.0)
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         state = "flowing" if self._flowing.is_set() else "stalled"
-        return f"<TcpProxy {HOST}:{self.port} -> {self.target[0]}:{self.target[1]} {state}>"
+        return f"<TcpProxy {self.host}:{self.port} -> {self.target[0]}:{self.target[1]} {state}>"
 
     # Threads
 
@@ -202,6 +193,14 @@ class TcpProxy:
         with self._lock:
             self._links.discard(link)
         link.close()
+
+
+def url_at(url: str, host: str, port: int) -> str:
+    """``url`` with its host and port replaced by ``host:port`` (user, path and query kept)."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@{host}:{port}" if userinfo else f"{host}:{port}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _reset(sock: socket.socket) -> None:

@@ -1,0 +1,147 @@
+"""Faults, continued: a client process cut off by the kernel, in a Linux network namespace.
+
+The client runs inside a network namespace whose only link to the host
+(``consensus_api.testing.netns``) goes down for the fault: no proxy decides
+what the client sees, the kernel drops every packet, connections stay open and
+silent, TCP retransmits until the link is back. Applies where the suite
+controls the server and the machine allows network namespaces (root,
+iproute2); elsewhere it is not applicable. Bounds and recording as in
+``test_faults.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from consensus_api import Leadership, Versioned
+from consensus_api.conformance.faults_support import (
+    CALL_LIMIT,
+    FAULT_OPTIONS,
+    SESSION_TIMEOUT,
+    Record,
+    fenced_lines,
+    leading_child,
+    loss_bound,
+    watch_child,
+)
+from consensus_api.conformance.helpers import SessionFactory, unique
+from consensus_api.conformance.plugin import WorkerFactory
+from consensus_api.conformance.worker import WorkerProcess
+from consensus_api.testing import ServerHandle
+from consensus_api.testing._process import HOST
+from consensus_api.testing.netns import NetworkNamespace
+from consensus_api.testing.proxy import url_at
+
+pytestmark = [pytest.mark.requires_server, pytest.mark.network_namespace]
+
+
+@pytest.fixture
+def netns(server: ServerHandle) -> Iterator[NetworkNamespace]:
+    """A network namespace whose 127.0.0.1, at the port clients use, leads to the tested server across
+    a link that can be cut."""
+    with NetworkNamespace() as opened:
+        opened.forward(server.proxy_port or server.port, server.proxy_target)
+        yield opened
+
+
+@pytest.fixture
+def spawn_inside(
+    netns: NetworkNamespace, server: ServerHandle, consensus_url: str, consensus_options: dict[str, object]
+) -> Iterator[WorkerFactory]:
+    """``spawn_inside(command, *args, **options)``: a worker process in ``netns``; killed at teardown."""
+    url = url_at(consensus_url, HOST, server.proxy_port or server.port)
+    workers: list[WorkerProcess] = []
+
+    def factory(command: str, *args: str, **options: object) -> WorkerProcess:
+        options = {**consensus_options, **options}
+        workers.append(WorkerProcess(url, command, args, options, launcher=netns.prefix))
+        return workers[-1]
+
+    yield factory
+    for worker in workers:
+        worker.close()
+
+
+def test_client_process_partitioned_by_the_network(
+    netns: NetworkNamespace,
+    spawn_inside: WorkerFactory,
+    open_session: SessionFactory,
+    ns: str,
+    record: Record,
+) -> None:
+    """A client process that leads and is a member, cut off by the network (its namespace's link down)
+    for longer than its session timeout while the server keeps running: a session that never joined
+    sees the member gone and the other candidate lead with a higher term within session_timeout plus
+    the backend's detection delay; the cut-off client learns it on its own before the partition heals
+    (session LOST, a LeaderChanged away from itself); none of its calls during the cut blocks longer
+    than request_timeout + 1 s; healed, it is CONNECTED again and re-joins its member, its stale fenced
+    writes fail with FencedError and nothing the new leader wrote is overwritten."""
+    group, service = unique("ct-group"), unique("ct-service")
+    other = open_session(**FAULT_OPTIONS)
+    child, term = leading_child(spawn_inside, group, "cut", service)
+    assert other.election(service).nominate("c-other") is False
+    members, leaders = watch_child(other, group, service, "cut")
+    bound = loss_bound(other.backend, SESSION_TIMEOUT)
+    owned, fresh = f"{ns}/owned", f"{ns}/fresh"
+    mark = len(child.lines)
+    child.send(f"PROBE_START {ns}/child")
+
+    cut = time.monotonic()
+    netns.cut()
+    try:
+        members.wait_last(lambda event: "cut" not in event.members, bound, what="the cut-off member gone")
+        record("cut -> member gone for others", time.monotonic() - cut)
+        left = max(0.1, cut + bound - time.monotonic())
+        moved = leaders.wait_for(lambda event: event.leader_id == "c-other", left, what="the new leader")
+        record("cut -> new leader", time.monotonic() - cut)
+        assert moved.term is not None and moved.term > term
+        fence = Leadership(service, "c-other", moved.term)
+        stored = Versioned(b"new leader", other.storage.put(owned, b"new leader", fence=fence))
+        lost, _ = child.expect("STATE LOST", bound, since=mark)
+        record("cut -> cut-off client LOST", child.arrivals[lost] - cut)
+        told = child.lines.wait_index(
+            lambda line: line.startswith("LEADER ") and not line.startswith("LEADER c-cut "),
+            bound,
+            since=mark,
+            what="the cut-off client told it no longer leads",
+        )
+        record("cut -> cut-off client told it does not lead", child.arrivals[told] - cut)
+    finally:
+        netns.heal()
+    healed = time.monotonic()
+    connected, _ = child.expect("STATE CONNECTED", bound, since=lost)
+    record("heal -> cut-off client CONNECTED", child.arrivals[connected] - healed)
+    members.wait_last(lambda event: "cut" in event.members, bound, what="the member re-joined")
+    record("heal -> member back for others", time.monotonic() - healed)
+
+    _check_calls(child, mark, record)
+    _check_stale_writes_fenced(child, {"update": owned, "put": fresh}, bound, record)
+    assert other.storage.fetch(owned) == stored
+    assert other.storage.fetch(fresh) is None
+
+
+def _check_calls(child: WorkerProcess, since: int, timings: Record) -> None:
+    """Stop the child's prober: none of its calls blocked longer than request_timeout + 1 s."""
+    child.send("PROBE_STOP")
+    _, probed = child.expect("PROBED", CALL_LIMIT + 5, since=since)
+    assert probed.startswith("PROBED ok "), f"a call of the cut-off client stayed blocked: {probed}"
+    calls, longest, failures = probed.split()[2:]
+    assert float(longest) <= CALL_LIMIT, f"a call of the cut-off client blocked {longest}s"
+    timings("longest call of the cut-off client", float(longest), note=f"{calls} calls; errors: {failures}")
+
+
+def _check_stale_writes_fenced(
+    child: WorkerProcess, keys: dict[str, str], bound: float, timings: Record
+) -> None:
+    """The child's fenced writes (operation: key), with the leadership it held before: FencedError."""
+    mark = len(child.lines)
+    for operation, key in keys.items():
+        child.send(f"FENCED {operation} {key}")
+    for line in fenced_lines(child, len(keys), mark, bound):
+        _, operation, outcome, seconds = line.split()
+        assert outcome == "fenced", f"a stale leader's fenced {operation} ended {outcome}"
+        assert float(seconds) <= CALL_LIMIT, f"a fenced {operation} blocked {seconds}s"
+        timings(f"stale fenced {operation} -> FencedError", float(seconds))

@@ -1,0 +1,135 @@
+"""The loop of a group's coordinator: what the :class:`~.arbiter.Arbiter` (generic groups) and
+the :class:`~.steward.Steward` (incremental groups) share.
+
+It runs on its own thread while its member leads the group's election, idle
+otherwise. It follows the group's membership and the one record the
+coordinator owns, and re-decides from their latest state after every change
+(``_decide``). Every write of the record is fenced by the leadership and
+compared with the version last seen, so a deposed coordinator changes
+nothing: a conflict re-reads the record, a fenced write ends the leadership
+until the election names this member again.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+from consensus_api.coordinator.loop import Mirror, StepThread, value_mirror
+from consensus_api.errors import FencedError, KeyExistsError, KeyNotFoundError, VersionConflictError
+from consensus_api.model import Leadership, MembershipChanged, ValueChanged
+
+if TYPE_CHECKING:
+    from consensus_api.session import Session
+
+#: Seconds between steps when nothing wakes the loop.
+IDLE = 1.0
+
+
+class Record(Protocol):
+    def encode(self) -> bytes: ...
+
+
+R = TypeVar("R", bound=Record)
+
+
+class ElectedRunner(ABC, Generic[R]):
+    """Runs ``_decide`` while its member leads the election of group ``root`` (``lead``)."""
+
+    def __init__(
+        self, session: Session, name: str, root: str, key: str, decode: Callable[[bytes], R | None]
+    ) -> None:
+        self._session = session
+        self._root = root
+        self._key = key
+        self._decode = decode
+        self._lock = threading.Lock()
+        self._leadership: Leadership | None = None
+        self._thread = StepThread(name, self._step, self._stop_mirrors)
+        self._members: Mirror[MembershipChanged] | None = None
+        self._record: Mirror[ValueChanged] | None = None
+        self._known: tuple[R | None, int | None] = (None, None)
+
+    def lead(self, leadership: Leadership | None) -> None:
+        """This member leads (``leadership``) or does not (None). Any thread."""
+        with self._lock:
+            self._leadership = leadership
+        if leadership is not None:
+            self._thread.start()
+        self._thread.wake()
+
+    def stop(self) -> None:
+        """Stop for good; waits at most the session's ``request_timeout``."""
+        self._thread.stop(self._session.settings.request_timeout)
+
+    @abstractmethod
+    def _decide(
+        self, leadership: Leadership, members: MembershipChanged, record: R | None, version: int | None
+    ) -> float:
+        """One step as the leader: the record (None if absent) at ``version``; returns the seconds
+        until the next step at the latest."""
+
+    @abstractmethod
+    def _release(self) -> None:
+        """Stop following what ``_decide`` follows beyond the membership and the record."""
+
+    def _step(self) -> float:
+        with self._lock:
+            leadership = self._leadership
+        if leadership is None:
+            self._stop_mirrors()
+            return IDLE
+        members, record = self._start_mirrors()
+        if members is None or record is None:
+            return IDLE  # the first events wake us
+        known, version = self._latest(record)
+        return self._decide(leadership, members, known, version)
+
+    def _latest(self, mirror: Mirror[ValueChanged]) -> tuple[R | None, int | None]:
+        event = mirror.event
+        known, known_version = self._known
+        if event is not None and event.version is not None and (known_version or -1) < event.version:
+            assert event.value is not None
+            known, known_version = self._decode(event.value), event.version
+            self._known = (known, known_version)
+        return known, known_version
+
+    def _write(self, lead: Leadership, record: R, version: int | None) -> None:
+        """Store ``record`` if the stored one is still at ``version`` (None: absent) and ``lead``
+        still holds."""
+        storage = self._session.storage
+        try:
+            if version is None:
+                written = storage.put(self._key, record.encode(), fence=lead)
+            else:
+                written = storage.update(self._key, record.encode(), version=version, fence=lead)
+        except (VersionConflictError, KeyExistsError, KeyNotFoundError):
+            stored = storage.fetch(self._key)
+            self._known = (self._decode(stored.value), stored.version) if stored else (None, None)
+            return
+        except FencedError:
+            with self._lock:
+                if self._leadership == lead:
+                    self._leadership = None
+            return
+        self._known = (record, written)
+
+    def _start_mirrors(self) -> tuple[MembershipChanged | None, Mirror[ValueChanged] | None]:
+        if self._members is None:
+            group = self._session.group(self._root)
+            self._members = Mirror(group.add_listener, group.remove_listener, self._thread.wake)
+            self._members.start()
+        if self._record is None:
+            self._record = value_mirror(self._session, self._key, self._thread.wake)
+            self._record.start()
+        return self._members.event, self._record if self._record.event is not None else None
+
+    def _stop_mirrors(self) -> None:
+        for mirror in (self._members, self._record):
+            if mirror is not None:
+                mirror.stop()
+        self._members = self._record = None
+        self._release()
+        self._known = (None, None)

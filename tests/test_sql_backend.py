@@ -1,0 +1,61 @@
+"""SQL backend on SQLite (no server): when a killed session's ephemeral state goes."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import consensus_api as ca
+from consensus_api import MembershipChanged
+from consensus_api.conformance.worker import WorkerProcess
+
+SESSION_TIMEOUT = 4.5
+#: REAP_SLACK, one heartbeat transaction, the 25 ms change-log poll and the dispatcher, on a loaded
+#: machine; well below the ``SESSION_TIMEOUT / 3`` a reap at the next regular heartbeat may take.
+REAP_BOUND = 0.5
+
+
+def _lease_left(database: Path, member_id: str) -> float:
+    """Seconds until the lease of ``member_id``'s session expires, by the database clock."""
+    with sqlite3.connect(database) as db:
+        row = db.execute(
+            "SELECT s.expires_at - (julianday('now') - 2440587.5) * 86400.0"
+            " FROM consensus_members m JOIN consensus_sessions s ON s.id = m.session_id"
+            " WHERE m.member_id = ?",
+            (member_id,),
+        ).fetchone()
+    assert row is not None, f"no member {member_id!r}"
+    return float(row[0])
+
+
+def test_killed_session_leaves_as_its_lease_expires(tmp_path: Path) -> None:
+    """A live session reaps a dead one when its lease expires, not up to a heartbeat period later."""
+    database = tmp_path / "reap.db"
+    url = f"sqlite:///{database}"
+    options = {"session_timeout": SESSION_TIMEOUT}
+    hold = ["--group", "workers", "--member", "doomed", "--service", "s", "--candidate", "c"]
+    child = WorkerProcess(url, "hold", hold, options)
+    try:
+        child.expect("READY", 60)
+        time.sleep(SESSION_TIMEOUT / 6)  # heartbeats out of phase: the next regular one comes ~T/6 late
+        with ca.connect(url, **options) as observer:
+            left_group = threading.Event()
+            left_at: list[float] = []
+
+            def on_change(event: MembershipChanged) -> None:
+                if "doomed" not in event.members and not left_group.is_set():
+                    left_at.append(time.monotonic())
+                    left_group.set()
+
+            observer.group("workers").add_listener(on_change)
+            child.signal(signal.SIGKILL)
+            asked = time.monotonic()
+            expires_at = asked + _lease_left(database, "doomed")  # not later than the expiry
+            assert left_group.wait(SESSION_TIMEOUT + 5), "the killed session's member never left"
+            late = left_at[0] - expires_at
+            assert 0 <= late < REAP_BOUND, f"left {late:.3f} s after its lease expired"
+    finally:
+        child.close()
