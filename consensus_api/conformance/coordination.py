@@ -11,21 +11,16 @@ prove that no resource was ever owned by two members at once.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from consensus_api import ConsensusError, connect
-from consensus_api.conformance.helpers import EVENT_TIMEOUT, EventLog
-
-EOF_LINE = "<eof>"
+from consensus_api.conformance.child import ChildProcess
+from consensus_api.conformance.helpers import EventLog
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,69 +163,12 @@ class _LedgerListener:
         self.ledger.record(self.member, "-", resources)
 
 
-class CoordinatorChild:
+class CoordinatorChild(ChildProcess):
     """A coordinator member in a child process; prints ``COMPLETE <generation> <member id>`` lines."""
 
     def __init__(self, url: str, group: str, options: Mapping[str, object], lifetime: float = 120.0) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "consensus_api.conformance.coordination",
-            group,
-            "--lifetime",
-            str(lifetime),
-        ]
-        for name, value in options.items():
-            argv += ["--opt", f"{name}={value}"]
-        self.lines: EventLog[str] = EventLog("coordinator child")
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            env={**os.environ, "CONSENSUS_URL": url},
-        )
-        self._reader = threading.Thread(target=self._read, name="coordinator-child-reader", daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines(line.rstrip("\n"))
-        self.lines(EOF_LINE)
-
-    def expect(self, prefix: str, timeout: float = EVENT_TIMEOUT) -> str:
-        """The first line starting with ``prefix``."""
-        try:
-            line = self.lines.wait_for(lambda text: text.startswith((prefix, EOF_LINE)), timeout, what=prefix)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\nchild stderr:\n{self.stderr_tail()}") from None
-        if line == EOF_LINE:
-            raise AssertionError(f"the child exited before {prefix!r}; stderr:\n{self.stderr_tail()}")
-        return line
-
-    def stderr_tail(self, limit: int = 3000) -> str:
-        self._stderr.seek(0)
-        return self._stderr.read().decode(errors="replace")[-limit:]
-
-    def kill(self) -> None:
-        """SIGKILL the child, by pid."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def close(self) -> None:
-        """Kill the child if it still runs, and reap it."""
-        with contextlib.suppress(ProcessLookupError):
-            self.kill()
-        self._reader.join(5)
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        self._stderr.close()
+        module = "consensus_api.conformance.coordination"
+        super().__init__(module, [group], url, options, lifetime, name="coordinator child")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

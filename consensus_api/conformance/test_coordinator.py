@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Sequence
 
@@ -194,10 +195,10 @@ def test_rebalance_on_crash(
     members = _members(open_session, group, 1)
     child = CoordinatorChild(consensus_url, group, {**consensus_options, "rebalance_timeout": REBALANCE})
     try:
-        _, generation, child_id = child.expect("COMPLETE", SETTLE).split()
+        _, generation, child_id = child.expect("COMPLETE", SETTLE)[1].split()
         with_child = _wait_settled(members, int(generation) - 1)
         assert child_id in _leader_view(members, with_child.generation_id)
-        child.kill()
+        child.signal(signal.SIGKILL)
         bound = loss_timeout(float(str(consensus_options.get("session_timeout", 10)))) + SETTLE
         started = time.monotonic()
         after = _wait_settled(members, with_child.generation_id, bound)

@@ -40,14 +40,10 @@ Commands:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import queue
-import signal
 import sqlite3
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -63,11 +59,10 @@ from consensus_api import (
     connect,
 )
 from consensus_api.config import parse_url
+from consensus_api.conformance.child import ChildProcess
 from consensus_api.conformance.faults_support import Prober
-from consensus_api.conformance.helpers import EVENT_TIMEOUT, EventLog
+from consensus_api.conformance.helpers import EVENT_TIMEOUT
 from consensus_api.session import Session
-
-EOF_LINE = "<eof>"
 
 _print_lock = threading.Lock()
 
@@ -300,8 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         session.close()
 
 
-class WorkerProcess:
-    """The parent's handle on one child worker: its report lines, signals and teardown."""
+class WorkerProcess(ChildProcess):
+    """The parent's handle on one child worker running ``command``."""
 
     def __init__(
         self,
@@ -313,99 +308,11 @@ class WorkerProcess:
         *,
         launcher: Sequence[str] = (),
     ) -> None:
-        """Start the child; ``launcher`` prefixes its command line (e.g. ``NetworkNamespace.prefix``)."""
-        argv = [
-            *launcher,
-            sys.executable,
-            "-m",
-            "consensus_api.conformance.worker",
-            "-",
-            command,
-            *args,
-            "--lifetime",
-            str(lifetime),
-        ]
-        for name, value in options.items():
-            argv += ["--opt", f"{name}={value}"]
+        """Start the worker; ``launcher`` prefixes its command line (e.g. ``NetworkNamespace.prefix``)."""
+        module = "consensus_api.conformance.worker"
+        super().__init__(module, ["-", command, *args], url, options, lifetime, name=f"worker {command}",
+                         launcher=launcher)  # fmt: skip
         self.command = command
-        self.lines: EventLog[str] = EventLog(f"worker {command}")
-        #: When each line arrived (``time.monotonic()``), by index in ``lines``.
-        self.arrivals: list[float] = []
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            text=True,
-            bufsize=1,
-            env={**os.environ, "CONSENSUS_URL": url},
-        )
-        self._reader = threading.Thread(target=self._read, name="worker-reader", daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        """The child's process id."""
-        return self.proc.pid
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.arrivals.append(time.monotonic())
-            self.lines(line.rstrip("\n"))
-        self.arrivals.append(time.monotonic())
-        self.lines(EOF_LINE)
-
-    def stderr_tail(self, limit: int = 3000) -> str:
-        """The end of what the child wrote to stderr."""
-        self._stderr.seek(0)
-        return self._stderr.read().decode(errors="replace")[-limit:]
-
-    def expect(self, prefix: str, timeout: float = EVENT_TIMEOUT, *, since: int = 0) -> tuple[int, str]:
-        """The index and text of the first line at ``since`` or later that starts with ``prefix``."""
-        try:
-            index = self.lines.wait_index(
-                lambda line: line.startswith(prefix) or line == EOF_LINE,
-                timeout,
-                since=since,
-                what=f"a line starting with {prefix!r}",
-            )
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\nchild stderr:\n{self.stderr_tail()}") from None
-        line = self.lines.events[index]
-        if line == EOF_LINE:
-            self.proc.wait(5)
-            raise AssertionError(
-                f"worker {self.command} exited ({self.proc.returncode}) before printing {prefix!r}; "
-                f"lines: {self.lines.events}\nchild stderr:\n{self.stderr_tail()}"
-            )
-        return index, line
-
-    def send(self, line: str) -> None:
-        """Write one command line to the child."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def signal(self, signum: signal.Signals) -> None:
-        """Send ``signum`` (SIGSTOP, SIGCONT, SIGKILL, ...) to the child, by pid."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signum)
-
-    def close(self) -> None:
-        """Kill the child if it still runs, and reap it."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        try:
-            self.proc.wait(10)
-            self._reader.join(5)
-        finally:
-            for stream in (self.proc.stdin, self.proc.stdout):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
-            self._stderr.close()
 
 
 if __name__ == "__main__":
