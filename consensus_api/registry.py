@@ -9,6 +9,7 @@ A backend's module is imported only when a URL with its scheme is opened.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
@@ -30,18 +31,24 @@ def schemes() -> frozenset[str]:
 
 def load_backend(scheme: str) -> type[Backend]:
     """The backend class for ``scheme``; a missing extra is a ``ConfigurationError``."""
-    entry = _entry_points().get(scheme)
-    if entry is None:
-        known = ", ".join(sorted(_entry_points())) or "none (is consensus-api installed?)"
-        raise ConfigurationError(f"no backend for the URL scheme {scheme!r}; known schemes: {known}")
-    try:
-        backend = entry.load()
-    except ImportError as exc:
-        extra = entry.extras[0] if entry.extras else scheme
-        raise ConfigurationError(
-            f"the {scheme!r} backend needs a package that is not installed ({exc.name or exc}): "
-            f"pip install 'consensus-api[{extra}]'"
-        ) from None
+    backend = load_entry(_entry_points(), scheme, "backend")
     if not (isinstance(backend, type) and issubclass(backend, Backend)):
         raise ConfigurationError(f"entry point {scheme!r} does not name a Backend subclass")
     return backend
+
+
+def load_entry(found: Mapping[str, EntryPoint], scheme: str, what: str) -> object:
+    """What the entry point named ``scheme`` in ``found`` loads; an unknown scheme (naming the known
+    ones) or a missing extra (naming the extra to install) is a ``ConfigurationError``."""
+    entry = found.get(scheme)
+    if entry is None:
+        known = ", ".join(sorted(found)) or "none (is consensus-api installed?)"
+        raise ConfigurationError(f"no {what} for the URL scheme {scheme!r}; known schemes: {known}")
+    try:
+        return entry.load()
+    except ImportError as exc:
+        extra = entry.extras[0] if entry.extras else scheme
+        raise ConfigurationError(
+            f"the {scheme!r} {what} needs a package that is not installed ({exc.name or exc}): "
+            f"pip install 'consensus-api[{extra}]'"
+        ) from None

@@ -30,7 +30,7 @@ from kafka.structs import MemberState
 
 from backends.kafka.channel import Channel
 from backends.kafka.errors import translate
-from backends.kafka.member import Member
+from backends.kafka.member import Member, start_member
 from backends.kafka.protocol import Assignment
 from backends.kafka.settings import Settings
 from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost, Protocols
@@ -180,8 +180,8 @@ class KafkaEngine(CoordinatorEngine):
 
     def start(self) -> None:
         deadline = time.monotonic() + self._settings.connect_timeout
-        try:
-            member = CoordinatorMember(
+        member = start_member(
+            lambda: CoordinatorMember(
                 self._settings,
                 self._channel.api_version,
                 self._group_id,
@@ -189,14 +189,11 @@ class KafkaEngine(CoordinatorEngine):
                 inbox=self._inbox,
                 host=self._host,
                 wait=self._wait,
-            )
-        except Exception as exc:
-            raise translate(exc, f"creating a member of {self._group_id!r}") from None
-        try:
-            member.start(deadline)
-        except Exception as exc:
-            member.stop(self._channel, deadline)
-            raise translate(exc, f"connecting a member of {self._group_id!r}") from None
+            ),
+            self._channel,
+            deadline,
+            f"a member of {self._group_id!r}",
+        )
         self._member = member
 
     def step(self) -> float:

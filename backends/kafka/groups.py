@@ -28,7 +28,7 @@ import kafka.errors as kerrors
 from backends.kafka.channel import GONE, STABLE, Channel, GroupView
 from backends.kafka.commandlog import CommandLog
 from backends.kafka.errors import timeout_error, translate
-from backends.kafka.member import Member
+from backends.kafka.member import Member, start_member
 from backends.kafka.protocol import (
     Assignment,
     LeaseView,
@@ -210,8 +210,8 @@ class Groups:
         if taken or own_id in {i for i, _ in known}:
             raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
         lease_view = (lambda: self.lease_view(name)) if election else None
-        try:
-            member = Member(
+        member = start_member(
+            lambda: Member(
                 self._settings,
                 self._api_version,
                 group_id,
@@ -220,14 +220,11 @@ class Groups:
                 data=data,
                 hooks=self,
                 lease_view=lease_view,
-            )
-        except Exception as exc:
-            raise translate(exc, f"creating the {kind} {own_id!r}") from None
-        try:
-            member.start(deadline)
-        except Exception as exc:
-            member.stop(self._channel, deadline)
-            raise translate(exc, f"connecting the {kind} {own_id!r}") from None
+            ),
+            self._channel,
+            deadline,
+            f"the {kind} {own_id!r}",
+        )
         with self._lock:
             taken = key in self._members
             if not taken:

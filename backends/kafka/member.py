@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import kafka.errors as kerrors
 from kafka.coordinator.base import BaseCoordinator
@@ -27,6 +27,7 @@ from kafka.protocol.consumer import UNKNOWN_MEMBER_ID
 from kafka.structs import MemberState
 
 from backends.kafka.channel import Channel
+from backends.kafka.errors import translate
 from backends.kafka.protocol import (
     ELECTION_TYPE,
     GROUP_TYPE,
@@ -229,3 +230,21 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         if member_id == UNKNOWN_MEMBER_ID and joined and not (self.stopping or self.lost):
             self.lost = True
             self._hooks.lost(self)
+
+
+M = TypeVar("M", bound=Member)
+
+
+def start_member(create: Callable[[], M], channel: Channel, deadline: float, what: str) -> M:
+    """The member ``create`` makes, started (its connection bootstrapped) by ``deadline``; stopped
+    again if starting fails. Failures become consensus_api errors naming ``what``."""
+    try:
+        member = create()
+    except Exception as exc:
+        raise translate(exc, f"creating {what}") from None
+    try:
+        member.start(deadline)
+    except Exception as exc:
+        member.stop(channel, deadline)
+        raise translate(exc, f"connecting {what}") from None
+    return member

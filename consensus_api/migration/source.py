@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Any, Protocol, cast
 
-from consensus_api import config
-from consensus_api.errors import ConfigurationError
+from consensus_api import config, registry
 from consensus_api.keys import SEPARATOR, parent_of
 from consensus_api.migration.ledger import reserved
 from consensus_api.model import KeySetChanged, ValueChanged
@@ -67,18 +66,7 @@ def open_source(url: str, *, raw: bool, options: Mapping[str, Any]) -> Source:
         return SessionSource(connect(url, **options))
     scheme = config.parse_url(url)[0].scheme
     found = {ep.name: ep for ep in entry_points(group=RAW_SOURCES)}
-    entry = found.get(scheme)
-    if entry is None:
-        known = ", ".join(sorted(found)) or "none"
-        raise ConfigurationError(f"no raw reader for {scheme}:// sources; raw readers exist for: {known}")
-    try:
-        opener = cast(RawOpener, entry.load())
-    except ImportError as exc:
-        extra = entry.extras[0] if entry.extras else scheme
-        raise ConfigurationError(
-            f"the raw {scheme} reader needs a package that is not installed ({exc.name or exc}): "
-            f"pip install 'consensus-api[{extra}]'"
-        ) from None
+    opener = cast(RawOpener, registry.load_entry(found, scheme, "raw reader"))
     return opener(url, options)
 
 
