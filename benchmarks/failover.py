@@ -91,7 +91,7 @@ def _isolated(url: str, trial: str) -> str:
 def _leader_parent(trial: _Trial, url: config.BackendURL) -> str:
     """The znode whose children are the candidates of ``trial``'s election."""
     if trial.kind == "ours":
-        from backends.zookeeper.paths import Layout, chroot_of  # noqa: PLC0415
+        from consensus_backends.zookeeper.paths import Layout, chroot_of  # noqa: PLC0415
 
         return Layout(chroot_of(url.path)).queue(trial.name)
     if trial.kind == "tooz":

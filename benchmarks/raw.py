@@ -73,7 +73,7 @@ def zk_hosts(url: config.BackendURL) -> str:
 
 
 class RawZooKeeper:
-    """kazoo, with the znode layout of ``backends.zookeeper.paths`` (marker, anchor, directories)."""
+    """kazoo, with the znode layout of ``consensus_backends.zookeeper.paths`` (marker, anchor, dirs)."""
 
     name = "kazoo"
 

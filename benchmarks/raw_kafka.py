@@ -1,6 +1,6 @@
 """The Kafka baseline: a command log on a one-partition topic, with kafka-python only.
 
-The same work as ``backends.kafka.commandlog``: an idempotent ``acks=all``
+The same work as ``consensus_backends.kafka.commandlog``: an idempotent ``acks=all``
 producer appends one record per write (headers carry the operation, the
 expected version, the fence and the writer's request id); one consumer thread
 tails the partition from offset 0 and applies each record, in offset order, to

@@ -1,4 +1,6 @@
-"""The SQL baseline: the statements of ``backends.sql.store`` through SQLAlchemy Core, on tables of its own.
+"""The SQL baseline: the statements of ``consensus_backends.sql.store`` through SQLAlchemy Core.
+
+The statements run on tables of their own.
 
 Per operation, one transaction with the same statements as the backend:
 fetch = one ``SELECT``; put = ``UPDATE … RETURNING`` (revive a tombstone), then

@@ -6,6 +6,8 @@ with ca.connect("etcd://127.0.0.1:2379/myapp", session_timeout=10) as session:
     session.storage.put("config/mode", b"fast")
 """
 
+__version__ = "0.2.0"
+
 from consensus_api.assignors import Assignor, Subscription
 from consensus_api.coordinator import (
     Coordinator,

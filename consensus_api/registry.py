@@ -3,7 +3,7 @@
 Backends register in the entry-point group ``consensus_api.backends``; the
 entry-point name is the URL scheme and its extras name the distribution extra
 that brings the backend's client library, e.g.
-``zookeeper = "backends.zookeeper:ZooKeeperBackend [zookeeper]"``.
+``zookeeper = "consensus_backends.zookeeper:ZooKeeperBackend [zookeeper]"``.
 A backend's module is imported only when a URL with its scheme is opened.
 """
 

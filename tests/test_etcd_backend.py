@@ -25,15 +25,15 @@ import pytest
 from tls_support import write_certificates
 
 import consensus_api as ca
-from backends.etcd import EtcdBackend
-from backends.etcd import backend as etcd_backend
-from backends.etcd._layout import Layout
 from consensus_api.backend import Target, TargetKind
 from consensus_api.config import build_options, parse_url
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.testing import ServerHandle, start_server
 from consensus_api.testing._process import HOST, free_port, launch
 from consensus_api.testing.etcd import member_command
+from consensus_backends.etcd import EtcdBackend
+from consensus_backends.etcd import backend as etcd_backend
+from consensus_backends.etcd._layout import Layout
 
 LOST, SUSPENDED, CONNECTED = ca.SessionState.LOST, ca.SessionState.SUSPENDED, ca.SessionState.CONNECTED
 

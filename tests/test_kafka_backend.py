@@ -22,14 +22,14 @@ from typing import Any
 import pytest
 
 import consensus_api as ca
-from backends.kafka import KafkaBackend
-from backends.kafka.protocol import Metadata, assign, decode_assignment, encode_metadata
-from backends.kafka.records import Command, Op, decode, encode
-from backends.kafka.settings import Secret
-from backends.kafka.state import Result, StateMachine
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.testing import ServerHandle, start_server
+from consensus_backends.kafka import KafkaBackend
+from consensus_backends.kafka.protocol import Metadata, assign, decode_assignment, encode_metadata
+from consensus_backends.kafka.records import Command, Op, decode, encode
+from consensus_backends.kafka.settings import Secret
+from consensus_backends.kafka.state import Result, StateMachine
 
 LOST, SUSPENDED, CONNECTED = ca.SessionState.LOST, ca.SessionState.SUSPENDED, ca.SessionState.CONNECTED
 SESSION_TIMEOUT = 3.0

@@ -19,8 +19,6 @@ from kazoo.client import KazooClient
 from tls_support import write_certificates
 
 import consensus_api as ca
-from backends.zookeeper import ZooKeeperBackend
-from backends.zookeeper.paths import decode_name, encode_name
 from consensus_api import (
     ConfigurationError,
     FencedError,
@@ -35,6 +33,8 @@ from consensus_api import (
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.testing import ServerHandle, expire_zookeeper_session, start_server
 from consensus_api.testing._process import HOST, free_port, launch, tcp_request
+from consensus_backends.zookeeper import ZooKeeperBackend
+from consensus_backends.zookeeper.paths import decode_name, encode_name
 
 MIB = 1024 * 1024
 JAVA = Path("/usr/share/java")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -123,6 +122,8 @@ def section_of(nodeid: str) -> str:
 def run_suite(url: str, select: str | None, quiet: bool) -> tuple[int, Collector]:
     """Run the suite against ``url``; pytest's output goes to stderr when ``quiet``."""
     args = [
+        "-p",
+        PLUGIN_MODULE,
         "--pyargs",
         SUITE,
         f"--consensus-url={url}",
@@ -132,8 +133,6 @@ def run_suite(url: str, select: str | None, quiet: bool) -> tuple[int, Collector
         "--tb=short",
         "--continue-on-collection-errors",
     ]  # a module that cannot import is one failure, not the end
-    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-        args[:0] = ["-p", PLUGIN_MODULE]
     if select:
         args += ["-k", select]
     import pytest  # noqa: PLC0415 - imported only when the suite runs: it is slow to import

@@ -4,7 +4,7 @@ A source names its entries by *paths*: keys for a session; for a raw tree,
 paths relative to its root, which may break the key rules (the migration
 reports those as keys the target cannot hold). Raw readers register in the
 entry-point group ``consensus_api.raw_sources`` under their URL scheme, e.g.
-``zookeeper = "backends.zookeeper.raw:open_source [zookeeper]"``, and are
+``zookeeper = "consensus_backends.zookeeper.raw:open_source [zookeeper]"``, and are
 imported only when a raw migration from that scheme starts.
 """
 

@@ -1,0 +1,394 @@
+"""A thin adapter over pyetcd: explicit deadlines, safe retries and consensus_api errors.
+
+Unary calls use the channel of pyetcd's ``MultiEndpointEtcd3Client`` (which
+picks an endpoint and fails over once one is marked failed) with an explicit
+deadline and the auth token as metadata; grpc errors become consensus_api errors.
+
+* Calls fail fast without a connection (no ``wait_for_ready``) and are sent
+  again only when that is harmless: reads, lease grants and revokes are retried
+  until their deadline; transactions only when grpc reports that no connection
+  could be made (nothing was sent). A transaction whose connection broke raises
+  ``OperationTimeoutError``: its effect is unknown.
+* A call that finds its endpoint unreachable marks it failed, so the next one
+  goes to another endpoint; with several endpoints, retried calls also give up
+  on an endpoint after ``FIRST_ATTEMPT`` seconds (doubling per attempt).
+* While the session is in trouble (``set_troubled``), calls make one attempt,
+  and every transition into trouble cancels the calls in flight: nobody (the
+  core's dispatcher least of all) waits out a long deadline on a dead or
+  paused server.
+* Each watch gets a channel of its own, closed when the watch is replaced.
+* An idle stream stays open on the unary calls' channel (``_warm.KeepWarm``):
+  without one, grpc starts a polling thread for every call made through a
+  future, which costs more than the call itself on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pyetcd
+from pyetcd import etcdrpc
+from pyetcd.exceptions import NoServerAvailableError, RevisionCompactedError, WatchTimedOut
+from pyetcd.watch import Watcher
+
+from consensus_api.errors import (
+    ConfigurationError,
+    ConsensusError,
+    OperationTimeoutError,
+    SessionLostError,
+)
+from consensus_backends.etcd._errors import (
+    NOT_SENT,
+    AuthDisabledError,
+    Code,
+    CompactedError,
+    interrupted,
+    translate,
+)
+from consensus_backends.etcd._warm import KeepWarm
+
+log = logging.getLogger("consensus_api.etcd")
+
+#: Seconds between attempts of a retried call, and how long a failed endpoint is skipped.
+RETRY_PAUSE = 0.1
+FAILED_ENDPOINT_PAUSE = 0.5
+
+#: With several endpoints, the first attempt of a retried call ends after this many seconds
+#: (then twice as long, and so on) and the next attempt goes to another endpoint.
+FIRST_ATTEMPT = 1.0
+
+#: Reconnect quickly after a server restart; detect dead connections under an idle watch
+#: (etcd refuses pings more often than every 5 s); no cap on response sizes.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", -1),
+]
+
+Metadata = tuple[tuple[str, str], ...] | None
+Start = Callable[["_Stubs", float, Metadata], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TLS:
+    """PEM contents for a TLS connection; None means the default (system roots, no client cert)."""
+
+    ca: bytes | None
+    cert: bytes | None
+    key: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Stubs:
+    channel: Any
+    kv: Any
+    lease: Any
+    auth: Any
+
+
+class EtcdClient:
+    """The connection to one etcd cluster; thread-safe."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[tuple[str, int]],
+        *,
+        tls: TLS | None,
+        user: str | None,
+        password: str | None,
+        request_timeout: float,
+    ) -> None:
+        self._tls = tls
+        self._user = user
+        self._password = password
+        self._addresses = {_netloc(host, port): (host, port) for host, port in endpoints}
+        self._lock = threading.Lock()
+        self._stubs: _Stubs | None = None
+        self._warm: KeepWarm | None = None
+        self._closed = False
+        self._metadata: Metadata = None
+        self._troubled = False
+        self._troubles = 0
+        self._in_flight: set[Any] = set()
+        self._client = pyetcd.MultiEndpointEtcd3Client(
+            endpoints=[self._endpoint(host, port) for host, port in endpoints],
+            timeout=request_timeout,
+            failover=True,
+        )
+
+    def close(self) -> None:
+        """Close every channel; calls in flight fail."""
+        with self._lock:
+            warm, self._warm, self._closed = self._warm, None, True
+        if warm is not None:
+            warm.close()
+        self._client.close()
+
+    # Calls
+
+    def set_troubled(self, troubled: bool) -> None:
+        """Enter trouble (cancelling every call in flight) or leave it."""
+        with self._lock:
+            self._troubled = troubled
+            if troubled:
+                self._troubles += 1
+            cancel = list(self._in_flight) if troubled else []
+        for call in cancel:
+            call.cancel()
+
+    def authenticate(self, deadline: float) -> None:
+        """Get an auth token when the URL names a user; ``ConfigurationError`` if etcd refuses it."""
+        if self._user is None:
+            return
+        request = etcdrpc.AuthenticateRequest(name=self._user, password=self._password or "")
+        try:
+            response = self._call(
+                "authentication",
+                lambda s, t, _: s.auth.Authenticate.future(request, timeout=t),
+                deadline,
+                retry=True,
+                reauthenticate=False,
+            )
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"etcd refused the credentials of user {self._user!r}: {exc}") from None
+        except AuthDisabledError:  # as etcd's own client does: no token needed
+            log.debug("etcd has authentication disabled; connecting without a token")
+            return
+        self._metadata = (("token", response.token),)
+
+    def range(self, request: Any, deadline: float) -> Any:
+        """A RangeResponse; linearizable unless the request says otherwise."""
+        return self._call(
+            "a read", lambda s, t, m: s.kv.Range.future(request, timeout=t, metadata=m), deadline, retry=True
+        )
+
+    def txn(self, request: Any, deadline: float) -> Any:
+        """A TxnResponse; never sent twice."""
+        return self._call(
+            "a transaction",
+            lambda s, t, m: s.kv.Txn.future(request, timeout=t, metadata=m),
+            deadline,
+            retry=False,
+        )
+
+    def revision(self, key: bytes, deadline: float) -> int:
+        """The cluster's current revision, from a linearizable count of ``key`` (which the user may read)."""
+        return int(self.range(etcdrpc.RangeRequest(key=key, count_only=True), deadline).header.revision)
+
+    def grant(self, ttl: int, deadline: float) -> tuple[int, int]:
+        """A new lease: its id and the TTL etcd granted (at least the cluster's minimum)."""
+        request = etcdrpc.LeaseGrantRequest(TTL=ttl)
+        response = self._call(
+            "a lease grant",
+            lambda s, t, m: s.lease.LeaseGrant.future(request, timeout=t, metadata=m),
+            deadline,
+            retry=True,
+        )
+        if response.error:
+            raise ConsensusError(f"etcd refused a lease: {response.error}")
+        return int(response.ID), int(response.TTL)
+
+    def revoke(self, lease_id: int, deadline: float) -> None:
+        """Revoke a lease, deleting its keys; a lease that is already gone is fine."""
+        request = etcdrpc.LeaseRevokeRequest(ID=lease_id)
+        with contextlib.suppress(SessionLostError):
+            self._call(
+                "a lease revoke",
+                lambda s, t, m: s.lease.LeaseRevoke.future(request, timeout=t, metadata=m),
+                deadline,
+                retry=True,
+            )
+
+    def keepalive(self, lease_id: int, deadline: float) -> int:
+        """One keep-alive, one attempt; the remaining TTL (0: the lease is gone)."""
+
+        def first_answer(call: Any) -> int:
+            try:
+                return int(next(call).TTL)
+            except StopIteration:
+                raise OperationTimeoutError("etcd closed a keep-alive stream without answering") from None
+            finally:
+                call.cancel()
+
+        request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
+        return int(
+            self._call(
+                "a lease keep-alive",
+                lambda s, t, m: s.lease.LeaseKeepAlive(iter([request]), timeout=t, metadata=m),
+                deadline,
+                retry=False,
+                once=True,
+                finish=first_answer,
+            )
+        )
+
+    def subscribe(
+        self,
+        key: bytes,
+        range_end: bytes,
+        start_revision: int,
+        callback: Callable[[Any], None],
+        deadline: float,
+    ) -> Callable[[], None]:
+        """Watch ``[key, range_end)`` from ``start_revision`` on a channel of its own.
+
+        pyetcd calls ``callback`` on its watch thread with each response, then
+        once with the error (or None) that ends the stream. Returns the function
+        that closes the channel and so ends the watch.
+        """
+        try:
+            self._current_stubs()  # fails over from an endpoint marked failed
+        except (NoServerAvailableError, ValueError):
+            raise OperationTimeoutError("no etcd endpoint is reachable for a watch") from None
+        with self._lock:
+            host, port = self._addresses[self._client.endpoint_in_use.netloc]
+        endpoint = self._endpoint(host, port)
+        watcher = Watcher(
+            etcdrpc.WatchStub(endpoint.channel),
+            timeout=max(deadline - time.monotonic(), 0.01),
+            metadata=self._metadata,
+        )
+        try:
+            watcher.add_callback(
+                key, callback, range_end=range_end, start_revision=start_revision, progress_notify=True
+            )
+        except RevisionCompactedError:
+            endpoint.close()
+            raise CompactedError("the watch's start revision was compacted") from None
+        except WatchTimedOut:
+            endpoint.close()
+            raise OperationTimeoutError("etcd did not create a watch in time") from None
+        except grpc.RpcError as exc:
+            endpoint.close()
+            if exc.code() is Code.UNAVAILABLE:
+                self._endpoint_failed()
+            raise translate(exc, "creating a watch") from None
+        close: Callable[[], None] = endpoint.close
+        return close
+
+    # Plumbing
+
+    def _endpoint(self, host: str, port: int) -> Any:
+        credentials = None
+        if self._tls is not None:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=self._tls.ca, private_key=self._tls.key, certificate_chain=self._tls.cert
+            )
+        return pyetcd.Endpoint(
+            _bracketed(host),
+            port,
+            secure=self._tls is not None,
+            creds=credentials,
+            time_retry=FAILED_ENDPOINT_PAUSE,
+            opts=CHANNEL_OPTIONS,
+        )
+
+    def _current_stubs(self) -> _Stubs:
+        with self._lock:
+            channel = self._client.channel
+            if self._stubs is None or self._stubs.channel is not channel:
+                self._stubs = _Stubs(
+                    channel, etcdrpc.KVStub(channel), etcdrpc.LeaseStub(channel), etcdrpc.AuthStub(channel)
+                )
+            warm = self._warm
+            if not self._closed and (warm is None or warm.channel is not channel or warm.stale()):
+                try:
+                    self._warm = KeepWarm(channel, self._metadata)
+                except ValueError:  # a closed channel: the call itself reports it
+                    self._warm = None
+            stubs = self._stubs
+        if warm is not None and warm is not self._warm:
+            warm.close()
+        return stubs
+
+    def _endpoint_failed(self) -> None:
+        """Let the next call fail over to another endpoint, if there is one."""
+        if len(self._addresses) > 1:
+            with self._lock:
+                self._client.endpoint_in_use.fail()
+
+    def _call(
+        self,
+        what: str,
+        start: Start,
+        deadline: float,
+        *,
+        retry: bool,
+        once: bool = False,
+        finish: Callable[[Any], Any] = lambda call: call.result(),
+        reauthenticate: bool = True,
+    ) -> Any:
+        """Start calls until one succeeds or fails for good; ``finish`` waits for its result.
+
+        ``retry``: the call is harmless to repeat. ``once``: a single attempt.
+        """
+        attempt = FIRST_ATTEMPT
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise OperationTimeoutError(f"etcd did not complete {what} in time")
+            try:
+                stubs = self._current_stubs()
+            except (NoServerAvailableError, ValueError):  # every endpoint failed a moment ago
+                if once or self._troubled:
+                    raise OperationTimeoutError(f"no etcd endpoint is reachable for {what}") from None
+                time.sleep(min(RETRY_PAUSE, remaining))
+                continue
+            timeout = min(remaining, attempt) if retry and len(self._addresses) > 1 else remaining
+            try:
+                troubles = self._troubles
+                return self._await(start(stubs, timeout, self._metadata), finish, troubles)
+            except ValueError:  # grpc refuses calls on a closed channel
+                raise SessionLostError("the etcd connection is closed") from None
+            except grpc.FutureCancelledError:
+                raise interrupted(what) from None
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code is Code.CANCELLED:
+                    raise interrupted(what) from None
+                if code is Code.UNAUTHENTICATED and reauthenticate and self._user is not None:
+                    reauthenticate = False  # the token expired; the call was refused, not applied
+                    self.authenticate(deadline)
+                    continue
+                if code not in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED):
+                    raise translate(exc, what) from None
+                self._endpoint_failed()
+                unsent = code is Code.UNAVAILABLE and NOT_SENT in (exc.details() or "")
+                again = unsent or (retry and (code is Code.UNAVAILABLE or timeout < remaining))
+                if not again or once or self._troubled:
+                    if unsent:
+                        raise OperationTimeoutError(f"etcd is unreachable; {what} was not sent") from None
+                    raise translate(exc, what) from None
+                attempt *= 2
+                time.sleep(max(min(RETRY_PAUSE, deadline - time.monotonic()), 0))
+
+    def _await(self, call: Any, finish: Callable[[Any], Any], troubles: int) -> Any:
+        """``finish(call)``, with ``call`` cancelled by trouble that began since it started."""
+        with self._lock:
+            self._in_flight.add(call)
+            if self._troubles != troubles:  # trouble began before the call was registered
+                call.cancel()
+        try:
+            return finish(call)
+        finally:
+            with self._lock:
+                self._in_flight.discard(call)
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"{_bracketed(host)}:{port}"
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

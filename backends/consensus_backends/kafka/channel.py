@@ -1,0 +1,263 @@
+"""The backend's own connection to the cluster and the raw requests it sends.
+
+One ``KafkaNetClient`` (with its IO thread) carries every request that is not
+a group member's own: topic creation, end offsets (ListOffsets), group
+descriptions (DescribeGroups, decoded here because kafka-python's admin
+decoder assumes the consumer protocol) and LeaveGroup on behalf of members
+whose own connection is gone. Every call is bounded by its deadline; kafka
+exceptions propagate for the caller to map.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kafka.errors as kerrors
+from kafka.net.compat import KafkaNetClient
+from kafka.protocol.admin import CreateTopicsRequest, DescribeGroupsRequest
+from kafka.protocol.consumer import LeaveGroupRequest, ListOffsetsRequest
+from kafka.protocol.metadata import CoordinatorType, FindCoordinatorRequest, MetadataRequest
+
+from consensus_backends.kafka.errors import timeout_error
+from consensus_backends.kafka.settings import MAX_RECORD_BYTES, Settings
+
+RETRY_DELAY = 0.05
+#: Group states in which DescribeGroups carries member metadata and assignments.
+STABLE = "Stable"
+GONE = ("Empty", "Dead")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """One DescribeGroups answer: ``members`` maps member ids to (metadata, assignment)."""
+
+    state: str
+    protocol_type: str = ""
+    members: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)
+
+
+class Channel:
+    """A bounded, thread-safe request channel to the cluster."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._client = KafkaNetClient(**settings.client())
+        self._manager = self._client._manager
+        self._coordinators: dict[str, str] = {}
+        self._leader: int | None = None
+        self._lock = threading.Lock()
+
+    def open(self, deadline: float) -> None:
+        """Start the IO thread and bootstrap; raises a kafka error if that fails before ``deadline``."""
+        self._client._net.start()
+        self.run(deadline, self._manager.bootstrap_async, _ms_left(deadline))
+
+    @property
+    def api_version(self) -> Any:
+        """The broker's version, as kafka-python's group coordinator wants it."""
+        return self._manager.broker_version
+
+    def close(self) -> None:
+        """Close the connections and stop the IO thread."""
+        self._client.close()
+
+    def run(self, deadline: float, function: Callable[..., Any], *args: Any) -> Any:
+        """Run ``function`` (a coroutine function or one returning a future) on the IO thread."""
+        future = self._manager.call_soon(function, *args)
+        done = threading.Event()
+        future.add_both(lambda _: done.set())
+        if not done.wait(max(0.0, deadline - time.monotonic())):
+            raise timeout_error("the Kafka request")
+        if future.exception is not None:
+            raise future.exception
+        return future.value
+
+    def start(self, function: Callable[..., Any], *args: Any) -> Any:
+        """Start ``function`` on the IO thread; returns a kafka-python ``Future`` at once."""
+        return self._manager.call_soon(function, *args)
+
+    def retry(self, deadline: float, function: Callable[..., Any], *args: Any) -> Any:
+        """``run`` again after retriable errors until ``deadline``."""
+        while True:
+            try:
+                return self.run(deadline, function, *args)
+            except kerrors.RetriableError:
+                if time.monotonic() + RETRY_DELAY >= deadline:
+                    raise
+                time.sleep(RETRY_DELAY)
+
+    # The command-log topic
+
+    def ensure_topic(self, deadline: float) -> None:
+        """Create the command-log topic if absent, then wait until its partition has a leader."""
+        while self.retry(deadline, self._topic_leader, True) is None:
+            if time.monotonic() + 0.1 >= deadline:
+                raise timeout_error(f"the topic {self._settings.topic} to get a leader")
+            time.sleep(0.1)
+
+    def end_offset(self, deadline: float) -> int:
+        """The log's end offset (its high watermark): every acknowledged write lies below it."""
+        return int(self.retry(deadline, self._end_offset))
+
+    async def _topic_leader(self, create: bool) -> int | None:
+        topic = self._settings.topic
+        request = MetadataRequest(
+            topics=[MetadataRequest.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False
+        )
+        response = await self._manager.send(request)
+        [described] = [t for t in response.topics if t.name == topic]
+        error = kerrors.for_code(described.error_code)
+        if error is kerrors.UnknownTopicOrPartitionError and create:
+            await self._create_topic(min(3, len(response.brokers)))
+            return None
+        if error is not kerrors.NoError:
+            raise error(f"metadata of topic {topic}")
+        leaders = [p.leader_id for p in described.partitions if p.partition_index == 0]
+        self._leader = leaders[0] if leaders and leaders[0] >= 0 else None
+        return self._leader
+
+    async def _create_topic(self, replication: int) -> None:
+        topic_type = CreateTopicsRequest.CreatableTopic
+        config = {
+            "cleanup.policy": "delete",
+            "retention.ms": "-1",
+            "retention.bytes": "-1",
+            "max.message.bytes": str(MAX_RECORD_BYTES),
+            "min.insync.replicas": "2" if replication >= 3 else "1",
+        }
+        request = CreateTopicsRequest(
+            topics=[
+                topic_type(
+                    name=self._settings.topic,
+                    num_partitions=1,
+                    replication_factor=replication,
+                    assignments=[],
+                    configs=[topic_type.CreatableTopicConfig(name=k, value=v) for k, v in config.items()],
+                )
+            ],
+            timeout_ms=int(self._settings.request_timeout * 1000),
+            validate_only=False,
+        )
+        response = await self._manager.send(request)
+        error = kerrors.for_code(response.topics[0].error_code)
+        if error not in (kerrors.NoError, kerrors.TopicAlreadyExistsError):
+            raise error(f"creating topic {self._settings.topic}")
+
+    async def probe(self) -> int:
+        """A cheap round trip to the log's leader (its end offset), for liveness."""
+        return await self._end_offset()
+
+    async def _end_offset(self) -> int:
+        if self._leader is None and await self._topic_leader(False) is None:
+            raise kerrors.LeaderNotAvailableError(self._settings.topic)
+        topic_type = ListOffsetsRequest.ListOffsetsTopic
+        request = ListOffsetsRequest(
+            replica_id=-1,
+            isolation_level=0,
+            topics=[
+                topic_type(
+                    name=self._settings.topic,
+                    partitions=[topic_type.ListOffsetsPartition(partition_index=0, timestamp=-1)],
+                )
+            ],
+        )
+        try:
+            response = await self._manager.send(request, node_id=self._leader)
+        except kerrors.KafkaError:
+            self._leader = None
+            raise
+        [partition] = response.topics[0].partitions
+        error = kerrors.for_code(partition.error_code)
+        if error is not kerrors.NoError:
+            self._leader = None
+            raise error("ListOffsets")
+        return int(partition.offset)
+
+    # Groups
+
+    def describe(self, group_ids: list[str], deadline: float) -> dict[str, GroupView]:
+        """The state and members of each group (``Dead`` for a group that does not exist)."""
+        return dict(self.retry(deadline, self.describe_async, list(group_ids)))
+
+    def leave(self, group_id: str, member_ids: list[str], deadline: float) -> None:
+        """Remove members from a group (LeaveGroup); members already gone are fine."""
+        self.retry(deadline, self._leave, group_id, member_ids)
+
+    async def _coordinator(self, group_id: str) -> str:
+        with self._lock:
+            known = self._coordinators.get(group_id)
+        if known is not None:
+            return known
+        request = FindCoordinatorRequest(key=group_id, key_type=0, coordinator_keys=[group_id])
+        response = await self._manager.send(request)
+        result = response.coordinators[0] if response.coordinators else response
+        node: str = self._manager.cluster.add_coordinator(result, CoordinatorType.GROUP, group_id)
+        with self._lock:
+            self._coordinators[group_id] = node
+        return node
+
+    def _forget(self, group_id: str) -> None:
+        with self._lock:
+            self._coordinators.pop(group_id, None)
+
+    async def describe_async(self, group_ids: list[str]) -> dict[str, GroupView]:
+        """``describe`` as a coroutine for the IO thread."""
+        by_node: defaultdict[str, list[str]] = defaultdict(list)
+        for group_id in group_ids:
+            by_node[await self._coordinator(group_id)].append(group_id)
+        views: dict[str, GroupView] = {}
+        for node, groups in by_node.items():
+            request = DescribeGroupsRequest(groups=groups, include_authorized_operations=False)
+            try:
+                response = await self._manager.send(request, node_id=node)
+            except kerrors.KafkaError:
+                for group_id in groups:
+                    self._forget(group_id)
+                raise
+            for group in response.groups:
+                views[group.group_id] = self._view(group)
+        return views
+
+    def _view(self, group: Any) -> GroupView:
+        error = kerrors.for_code(group.error_code)
+        if error is kerrors.GroupIdNotFoundError:
+            return GroupView("Dead")
+        if error is not kerrors.NoError:
+            if error in (kerrors.NotCoordinatorError, kerrors.CoordinatorNotAvailableError):
+                self._forget(group.group_id)
+            raise error(f"describing group {group.group_id}")
+        members = {
+            m.member_id: (bytes(m.member_metadata or b""), bytes(m.member_assignment or b""))
+            for m in group.members
+        }
+        return GroupView(group.group_state, group.protocol_type or "", members)
+
+    async def _leave(self, group_id: str, member_ids: list[str]) -> None:
+        identity = LeaveGroupRequest.MemberIdentity
+        request = LeaveGroupRequest(
+            group_id=group_id,
+            member_id=member_ids[0],
+            members=[
+                identity(member_id=m, group_instance_id=None, reason="consensus-api session ended")
+                for m in member_ids
+            ],
+        )
+        try:
+            response = await self._manager.send(request, node_id=await self._coordinator(group_id))
+        except kerrors.KafkaError:
+            self._forget(group_id)
+            raise
+        error = kerrors.for_code(response.error_code)
+        if error in (kerrors.NotCoordinatorError, kerrors.CoordinatorNotAvailableError):
+            self._forget(group_id)
+        if error not in (kerrors.NoError, kerrors.UnknownMemberIdError, kerrors.GroupIdNotFoundError):
+            raise error(f"leaving group {group_id}")
+
+
+def _ms_left(deadline: float) -> int:
+    return max(1, int((deadline - time.monotonic()) * 1000))

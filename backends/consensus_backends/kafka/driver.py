@@ -1,0 +1,237 @@
+"""The session's driver thread: drives members, watches groups, decides the session state.
+
+Every ``TICK`` seconds (or at once when woken) the driver
+
+* calls :meth:`Member.drive` on every member (the mandatory kafka-python
+  driver loop: (re)join when due, poll the heartbeat);
+* probes the cluster with a ListOffsets request every ``probe_interval``;
+* describes every watched group and every group of its own members every
+  ``WATCH_INTERVAL`` while they hold at most ``MEMBERS_PER_WATCH`` members in
+  all, proportionally less often above that (at most ``MAX_WATCH_INTERVAL``
+  apart), so that big groups do not multiply the cost of watching; reports a
+  change of a watched group's state or members through ``events.changed``,
+  and makes its own members rejoin at once when their group is rebalancing
+  (rather than at their next heartbeat);
+* derives the session state. SUSPENDED: the last probe failed or is overdue.
+  LOST: a member was dropped by the broker, a joined member's last heartbeat
+  is older than ``session_timeout``, or no probe succeeded for
+  ``session_timeout`` (the broker may have dropped everything). On LOST the
+  host tears down every member; CONNECTED follows once a probe succeeds and
+  the host confirms the old members are gone from their groups.
+
+Nothing here blocks on the network: requests run as futures on the channel's
+IO thread; blocking work goes to the :class:`Worker`.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from consensus_api.backend import BackendEvents, Target
+from consensus_api.model import SessionState
+from consensus_backends.kafka.channel import Channel, GroupView
+from consensus_backends.kafka.member import Member
+from consensus_backends.kafka.settings import Settings
+
+log = logging.getLogger("consensus_api.kafka")
+
+TICK = 0.05
+PREPARING = "PreparingRebalance"
+WATCH_INTERVAL = 0.1
+MEMBERS_PER_WATCH = 100
+#: The longest heartbeat interval: heartbeats tell a member of a rebalance at least this often anyway.
+MAX_WATCH_INTERVAL = 1.0
+
+
+class Host(Protocol):
+    """What the driver needs from its backend."""
+
+    def members(self) -> list[Member]:
+        """Every live member and candidate of the session."""
+
+    def teardown(self) -> None:
+        """The session is LOST: stop every member now; may finish later, on the worker."""
+
+    def recovered(self) -> bool:
+        """True once the members of the lost session are gone from their groups."""
+
+
+class Worker:
+    """One thread running submitted tasks in order; a task that raises is logged."""
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="consensus-kafka-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, task: Callable[[], None]) -> None:
+        """Run ``task`` on the worker thread."""
+        self._tasks.put(task)
+
+    def stop(self, timeout: float) -> None:
+        """Finish the queued tasks (waiting at most ``timeout``) and end the thread."""
+        self._tasks.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (task := self._tasks.get()) is not None:
+            try:
+                task()
+            except Exception:
+                log.exception("a Kafka backend task failed")
+
+
+class Driver:
+    """The driver thread of one session."""
+
+    def __init__(self, settings: Settings, channel: Channel, events: BackendEvents, host: Host) -> None:
+        self._settings = settings
+        self._channel = channel
+        self._events = events
+        self._host = host
+        self._wakeup = threading.Condition()
+        self._stopping = False
+        self._state = SessionState.CONNECTED
+        self._probe_interval = min(0.5, settings.session_timeout / 6)
+        self._probe_timeout = max(0.5, min(settings.request_timeout, settings.session_timeout / 3))
+        self._probe: Any = None
+        self._probe_started = 0.0
+        self._last_ok = time.monotonic()
+        self._failing = False
+        self._watched: dict[str, Target] = {}
+        self._fingerprints: dict[str, object] = {}
+        self._describe: Any = None
+        self._described_at = 0.0
+        self._describe_sent = 0.0
+        self._watch_interval = WATCH_INTERVAL
+        self._thread = threading.Thread(target=self._run, name="consensus-kafka-driver", daemon=True)
+
+    def start(self) -> None:
+        """Start the driver thread."""
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """End the driver thread."""
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def wake(self) -> None:
+        """Tick now (any thread, never blocks)."""
+        with self._wakeup:
+            self._wakeup.notify()
+
+    def watch(self, group_id: str, target: Target) -> None:
+        """Report changes of the group ``group_id`` as changes of ``target``."""
+        with self._wakeup:
+            self._watched[group_id] = target
+
+    def unwatch(self, group_id: str) -> None:
+        """Stop watching the group ``group_id``."""
+        with self._wakeup:
+            self._watched.pop(group_id, None)
+            self._fingerprints.pop(group_id, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._wakeup:
+                if self._stopping:
+                    return
+                self._wakeup.wait(TICK)
+                if self._stopping:
+                    return
+            try:
+                self._tick(time.monotonic())
+            except Exception:
+                log.exception("the Kafka backend's driver tick failed")
+
+    def _tick(self, now: float) -> None:
+        members = self._host.members()
+        for member in members:
+            member.drive()
+        self._probe_step(now)
+        self._watch_step(now, members)
+        self._state_step(now, members)
+
+    def _probe_step(self, now: float) -> None:
+        probe = self._probe
+        if probe is not None and probe.is_done:
+            self._probe = None
+            if probe.exception is None:
+                self._last_ok, self._failing = now, False
+            else:
+                self._failing = True
+        elif probe is not None and now - self._probe_started > self._probe_timeout:
+            self._failing = True
+        if self._probe is None and now - self._probe_started >= self._probe_interval:
+            self._probe_started = now
+            self._probe = self._channel.start(self._channel.probe)
+
+    def _watch_step(self, now: float, members: list[Member]) -> None:
+        with self._wakeup:
+            watched = dict(self._watched)
+        done = self._describe
+        if done is not None and done.is_done:
+            self._describe = None
+            if done.exception is None:
+                self._compare(watched, done.value)
+                self._notice_rebalances(members, done.value)
+                described = sum(len(view.members) for view in done.value.values())
+                self._watch_interval = min(
+                    MAX_WATCH_INTERVAL, max(WATCH_INTERVAL, WATCH_INTERVAL * described / MEMBERS_PER_WATCH)
+                )
+        groups = set(watched) | {member.group_id for member in members}
+        if self._describe is None and groups and now - self._described_at >= self._watch_interval:
+            self._described_at = now
+            self._describe_sent = now
+            self._describe = self._channel.start(self._channel.describe_async, sorted(groups))
+
+    def _notice_rebalances(self, members: list[Member], views: dict[str, GroupView]) -> None:
+        for member in members:
+            view = views.get(member.group_id)
+            if view is not None and view.state == PREPARING:
+                member.rebalance_seen(self._describe_sent)
+
+    def _compare(self, watched: dict[str, Target], views: dict[str, GroupView]) -> None:
+        for group_id, view in views.items():
+            target = watched.get(group_id)
+            if target is None:
+                continue
+            fingerprint = (
+                view.state,
+                frozenset((kid, assignment) for kid, (_, assignment) in view.members.items()),
+            )
+            with self._wakeup:
+                changed = self._fingerprints.get(group_id) != fingerprint
+                self._fingerprints[group_id] = fingerprint
+            if changed:
+                self._events.changed(target)
+
+    def _state_step(self, now: float, members: list[Member]) -> None:
+        session = self._settings.session_timeout
+        if self._state is SessionState.LOST:
+            if not self._failing and now - self._last_ok < session and self._host.recovered():
+                self._report(SessionState.CONNECTED)
+            return
+        dropped = [m for m in members if m.lost or m.overdue(session)]
+        if dropped or now - self._last_ok > session:
+            reason = f"member {dropped[0].own_id!r} of {dropped[0].group_id!r}" if dropped else "no contact"
+            log.warning("Kafka session lost (%s); dropping every member and candidacy", reason)
+            self._report(SessionState.LOST)
+            self._host.teardown()
+        elif self._failing:
+            self._report(SessionState.SUSPENDED)
+        elif self._state is SessionState.SUSPENDED:
+            self._report(SessionState.CONNECTED)
+
+    def _report(self, state: SessionState) -> None:
+        if state is not self._state:
+            self._state = state
+            self._events.state_changed(state)

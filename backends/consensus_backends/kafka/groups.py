@@ -1,0 +1,393 @@
+"""Membership and leader election on Kafka groups, and how observers read them.
+
+A joined member or a candidate is a :class:`Member` of the Kafka group
+``<prefix>.group.<name>`` or ``<prefix>.election.<service>``. Observers that
+never joined read a group with DescribeGroups: while the group is Stable every
+member's metadata (id, data) and its own assignment (whether the group leader
+accepted it) are visible, so what the broker stores and returns per group
+grows linearly with its members; during a rebalance only the member ids are,
+so the last Stable roster is used for members still present, and a reader
+waits (at most ``session_timeout``) when a member it has never seen is joining.
+
+The leader of a service is the holder of the service's lease in the command
+log (:mod:`consensus_backends.kafka.state`) while its Kafka member is still in the
+election group. A candidate the assignment names leader claims the lease with
+a ``LEAD`` command replacing the term named in the assignment; a rejected
+claim (a stale view) asks for a new rebalance and tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import kafka.errors as kerrors
+
+from consensus_api.errors import (
+    ConsensusError,
+    FencedError,
+    MemberExistsError,
+    NotAMemberError,
+    SessionLostError,
+)
+from consensus_api.model import Leadership
+from consensus_backends.kafka.channel import GONE, STABLE, Channel, GroupView
+from consensus_backends.kafka.commandlog import CommandLog
+from consensus_backends.kafka.errors import timeout_error, translate
+from consensus_backends.kafka.member import Member, start_member
+from consensus_backends.kafka.protocol import (
+    Assignment,
+    LeaseView,
+    Roster,
+)
+from consensus_backends.kafka.records import Command, Op
+from consensus_backends.kafka.settings import Settings
+from consensus_backends.kafka.state import Result, StateMachine
+
+if TYPE_CHECKING:
+    from consensus_backends.kafka.driver import Driver, Worker
+
+log = logging.getLogger("consensus_api.kafka")
+
+CLAIM_RETRY = 0.1
+SETTLE_POLL = 0.05
+#: (is an election, group or service name, member or candidate id)
+Key = tuple[bool, str, str]
+
+
+class Groups:
+    """The session's members and candidates; the host of the driver and the members' hooks."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        channel: Channel,
+        log_: CommandLog,
+        state: StateMachine,
+        *,
+        worker: Worker,
+        api_version: Any,
+    ) -> None:
+        self._settings = settings
+        self._channel = channel
+        self._log = log_
+        self._state = state
+        self._worker = worker
+        self._api_version = api_version
+        self._lock = threading.Lock()
+        self._members: dict[Key, Member] = {}
+        self._rosters: dict[str, Roster] = {}
+        self._zombies: list[tuple[str, str]] = []
+        self._retired: set[Leadership] = set()
+        self._tearing_down = False
+        self._cleaning = False
+        self.driver: Driver | None = None
+
+    # Membership (SPEC section 6)
+
+    def join(self, group: str, member_id: str, data: bytes) -> None:
+        """Join ``group`` as ``member_id``; returns once a generation accepted the member."""
+        self._add(False, group, member_id, data)
+
+    def leave(self, group: str, member_id: str) -> None:
+        """Leave ``group``: LeaveGroup, so observers see the member gone at once."""
+        self._remove((False, group, member_id))
+
+    def membership(self, group: str) -> dict[str, bytes]:
+        """The live members of ``group`` and their data."""
+        return self._roster(self._settings.group_id(group))
+
+    # Election (SPEC section 7)
+
+    def nominate(self, service: str, candidate_id: str) -> bool:
+        """Become a candidate; True if it holds the lease once its first generation settles."""
+        return self._add(True, service, candidate_id, b"")
+
+    def resign(self, service: str, candidate_id: str) -> None:
+        """Vacate the lease if held (``UNLEAD``), then leave the election group."""
+        self._remove((True, service, candidate_id))
+
+    def leadership(self, service: str) -> Leadership | None:
+        """The lease in force, if its holder is still a member of the election group.
+
+        While the lease is vacant or its holder gone but candidates remain, a
+        hand-over is under way: wait (at most ``session_timeout`` plus a
+        second) for the next leader's claim rather than report nobody.
+        """
+        deadline = time.monotonic() + self._settings.request_timeout
+        settle_by = time.monotonic() + min(self._settings.request_timeout, self._settings.session_timeout + 1)
+        group_id = self._settings.election_id(service)
+        while True:
+            self._log.sync(deadline)
+            lease = self._state.lease(service)
+            if lease.leader is not None and lease.member is not None:
+                with self._lock:
+                    ours = [m for m in self._members.values() if m.election and m.kafka_id == lease.member]
+                if ours and self._healthy(ours[0]):
+                    return Leadership(service, lease.leader, lease.term)
+            view = self._describe(group_id, deadline)
+            if lease.leader is not None and lease.member in view.members:
+                return Leadership(service, lease.leader, lease.term)
+            if not view.members or time.monotonic() + SETTLE_POLL >= settle_by:
+                return None
+            time.sleep(SETTLE_POLL)
+
+    def check_fence(self, fence: Leadership) -> None:
+        """``FencedError`` if ``fence`` names a candidacy of this session that may be gone (before
+        the log can tell: a lost session's lease stays in force until it is vacated or superseded)."""
+        with self._lock:
+            member = self._members.get((True, fence.service, fence.leader_id))
+            retired = fence in self._retired
+        if retired or (member is not None and not self._healthy(member)):
+            raise FencedError(f"the leadership of {fence.service!r} (term {fence.term}) may have been lost")
+
+    def lease_view(self, service: str) -> LeaseView:
+        """(term, Kafka member id of the holder or None) as this session's log reader knows it."""
+        lease = self._state.lease(service)
+        return lease.term, lease.member if lease.leader is not None else None
+
+    def close(self) -> None:
+        """Vacate held leases and leave every group."""
+        with self._lock:
+            doomed = list(self._members.values())
+            self._members.clear()
+        self._stop(doomed, time.monotonic() + min(self._settings.request_timeout, 2.0))
+
+    # Driver host
+
+    def members(self) -> list[Member]:
+        with self._lock:
+            return list(self._members.values())
+
+    def teardown(self) -> None:
+        with self._lock:
+            doomed = list(self._members.values())
+            self._members.clear()
+            self._tearing_down = True
+        for member in doomed:
+            member.stopping = True
+            lease = self._state.lease(member.name)
+            if member.election and (lease.leader, lease.member) == (member.own_id, member.kafka_id):
+                with self._lock:
+                    self._retired.add(Leadership(member.name, member.own_id, lease.term))
+        self._worker.submit(lambda: self._finish_teardown(doomed))
+
+    def recovered(self) -> bool:
+        with self._lock:
+            if self._tearing_down or self._cleaning:
+                return False
+            if not self._zombies:
+                return True
+            self._cleaning = True
+        self._worker.submit(self._clean_zombies)
+        return False
+
+    # Member hooks (IO thread: never block)
+
+    def assigned(self, member: Member, assignment: Assignment | None) -> None:
+        self._worker.submit(lambda: self._on_assignment(member, assignment))
+
+    def lost(self, member: Member) -> None:
+        self.wake()
+
+    def wake(self) -> None:
+        if self.driver is not None:
+            self.driver.wake()
+
+    # Internals
+
+    def _add(self, election: bool, name: str, own_id: str, data: bytes) -> bool:
+        kind = "candidate" if election else "member"
+        key = (election, name, own_id)
+        deadline = time.monotonic() + self._settings.request_timeout
+        group_id = self._settings.election_id(name) if election else self._settings.group_id(name)
+        with self._lock:
+            taken = key in self._members
+        # An early answer for a member already seen; the group leader rejects any later duplicate.
+        known = self._roster_entries(group_id, deadline, settle=False)
+        if taken or own_id in {i for i, _ in known}:
+            raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
+        lease_view = (lambda: self.lease_view(name)) if election else None
+        member = start_member(
+            lambda: Member(
+                self._settings,
+                self._api_version,
+                group_id,
+                name=name,
+                own_id=own_id,
+                data=data,
+                hooks=self,
+                lease_view=lease_view,
+            ),
+            self._channel,
+            deadline,
+            f"the {kind} {own_id!r}",
+        )
+        with self._lock:
+            taken = key in self._members
+            if not taken:
+                self._members[key] = member
+        if taken:
+            member.stop(self._channel, deadline)
+            raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
+        self.wake()
+        while not member.settled.wait(SETTLE_POLL) and time.monotonic() < deadline and not member.stopping:
+            pass
+        if member.stopping:
+            raise SessionLostError(f"the session was lost while {own_id!r} was joining {name!r}")
+        outcome = member.outcome
+        accepted = member.assignment is not None and member.assignment.accepted
+        if member.settled.is_set() and isinstance(outcome, bool):
+            return outcome
+        if accepted and not member.settled.is_set():
+            return False
+        with self._lock:
+            if self._members.get(key) is member:
+                del self._members[key]
+        self._stop([member], time.monotonic() + min(self._settings.request_timeout, 2.0))
+        if isinstance(outcome, BaseException):
+            raise translate(outcome, f"joining {name!r} as {own_id!r}")
+        raise timeout_error(f"{own_id!r} to join {name!r}")
+
+    def _remove(self, key: Key) -> None:
+        with self._lock:
+            member = self._members.pop(key, None)
+        if member is None:
+            kind = "candidate" if key[0] else "member"
+            raise NotAMemberError(f"this session has no {kind} {key[2]!r} in {key[1]!r}")
+        self._stop([member], time.monotonic() + self._settings.request_timeout)
+
+    def _stop(self, doomed: list[Member], deadline: float) -> None:
+        for member in doomed:
+            member.stopping = True
+        for member in doomed:
+            if member.election:
+                self._unlead(member, deadline)
+        for member in doomed:
+            if not member.stop(self._channel, deadline) and member.kafka_id:
+                with self._lock:
+                    self._zombies.append((member.group_id, member.kafka_id))
+
+    def _unlead(self, member: Member, deadline: float) -> None:
+        lease = self._state.lease(member.name)
+        if lease.leader != member.own_id or lease.member != member.kafka_id:
+            return
+        command = Command(
+            Op.UNLEAD, member.name, candidate=member.own_id, member=member.kafka_id, term=lease.term
+        )
+        try:
+            self._log.command(command, deadline)
+        except ConsensusError as exc:
+            log.info("could not vacate the lease of %r (%s)", member.name, exc)
+
+    def _finish_teardown(self, doomed: list[Member]) -> None:
+        try:
+            self._stop(doomed, time.monotonic() + min(self._settings.request_timeout, 2.0))
+        finally:
+            with self._lock:
+                self._tearing_down = False
+            self.wake()
+
+    def _clean_zombies(self) -> None:
+        deadline = time.monotonic() + min(self._settings.request_timeout, 2.0)
+        with self._lock:
+            zombies = list(self._zombies)
+        try:
+            for group_id, kafka_id in zombies:
+                try:
+                    self._channel.leave(group_id, [kafka_id], deadline)
+                except kerrors.KafkaError as exc:
+                    log.info(
+                        "could not remove old member %s of %s (%s)", kafka_id, group_id, type(exc).__name__
+                    )
+                    continue
+                with self._lock:
+                    self._zombies.remove((group_id, kafka_id))
+        finally:
+            with self._lock:
+                self._cleaning = False
+            self.wake()
+
+    def _healthy(self, member: Member) -> bool:
+        return not (member.stopping or member.lost or member.overdue(self._settings.session_timeout))
+
+    def _on_assignment(self, member: Member, assignment: Assignment | None) -> None:
+        if member.stopping or member.lost:
+            return
+        if assignment is None or not assignment.accepted:
+            kind = "candidate" if member.election else "member"
+            member.settle(
+                MemberExistsError(f"a live {kind} {member.own_id!r} is already in {member.name!r}")
+                if assignment is not None
+                else ConsensusError(f"unreadable assignment in {member.group_id!r}")
+            )
+            return
+        if not member.election or assignment.leader != member.kafka_id:
+            member.settle(not member.election)
+            return
+        stable = member.generation_if_stable()
+        if stable is None or stable.generation_id != assignment.generation:
+            return
+        if self._claim(member, assignment):
+            member.settle(True)
+        else:
+            member.rejoin_at = time.monotonic() + CLAIM_RETRY
+            self.wake()
+
+    def _claim(self, member: Member, assignment: Assignment) -> bool:
+        deadline = time.monotonic() + self._settings.request_timeout
+        try:
+            self._log.sync(deadline)
+            lease = self._state.lease(member.name)
+            if lease.member == member.kafka_id and lease.leader == member.own_id:
+                return True
+            command = Command(
+                Op.LEAD, member.name, candidate=member.own_id, member=member.kafka_id, term=assignment.prev
+            )
+            return self._log.command(command, deadline).result is Result.OK
+        except ConsensusError as exc:
+            log.info("claiming the lease of %r failed (%s); retrying", member.name, exc)
+            return False
+
+    def _describe(self, group_id: str, deadline: float) -> GroupView:
+        try:
+            return self._channel.describe([group_id], deadline)[group_id]
+        except kerrors.KafkaError as exc:
+            raise translate(exc, f"describing group {group_id!r}") from None
+
+    def _roster(self, group_id: str) -> dict[str, bytes]:
+        deadline = time.monotonic() + self._settings.request_timeout
+        return dict(self._roster_entries(group_id, deadline))
+
+    def _roster_entries(
+        self, group_id: str, deadline: float, *, settle: bool = True
+    ) -> list[tuple[str, bytes]]:
+        """(id, data) of the accepted members. While members never seen in a Stable roster are joining,
+        wait (at most ``session_timeout`` plus a second) for the rebalance to end if ``settle``, else
+        answer at once from the last Stable roster this session saw."""
+        settle_within = (
+            min(self._settings.request_timeout, self._settings.session_timeout + 1) if settle else 0.0
+        )
+        settle_by = time.monotonic() + settle_within
+        while True:
+            view = self._describe(group_id, deadline)
+            if view.state in GONE:
+                return []
+            if view.state == STABLE:
+                roster = Roster.of(group_id, view)
+                with self._lock:
+                    self._rosters[group_id] = roster
+                return list(roster.present(set(view.members)).items())
+            with self._lock:
+                cached = self._rosters.get(group_id)
+            present = set(view.members)
+            give_up = time.monotonic() + SETTLE_POLL >= settle_by
+            if cached is not None and (present <= cached.known or give_up):
+                return list(cached.present(present).items())
+            if give_up:
+                if not settle:
+                    return []
+                raise timeout_error(f"the rebalance of group {group_id!r} to end")
+            time.sleep(SETTLE_POLL)

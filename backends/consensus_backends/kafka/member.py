@@ -1,0 +1,250 @@
+"""One group member on the real Kafka group protocol (a ``BaseCoordinator``).
+
+Each joined member and each candidate is its own Kafka group member with its
+own connection: a JoinGroup the broker parks during a rebalance blocks its
+connection, and must not hold up another member's heartbeats. The driver
+thread (:mod:`consensus_backends.kafka.driver`) calls :meth:`Member.drive` every tick,
+which starts ``ensure_active_group`` on the IO thread when a (re)join is due
+and polls the heartbeat; the hooks kafka-python runs on its IO thread only
+record state and hand work to the backend through :class:`Hooks`, never block.
+
+A member that the broker drops (``UNKNOWN_MEMBER_ID`` after it had joined) is
+*lost*: it never re-joins by itself; the backend reports the session LOST.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import kafka.errors as kerrors
+from kafka.coordinator.base import BaseCoordinator
+from kafka.net.compat import KafkaNetClient
+from kafka.protocol.consumer import UNKNOWN_MEMBER_ID
+from kafka.structs import MemberState
+
+from consensus_backends.kafka.channel import Channel
+from consensus_backends.kafka.errors import translate
+from consensus_backends.kafka.protocol import (
+    ELECTION_TYPE,
+    GROUP_TYPE,
+    NO_RANK,
+    PROTOCOL_NAME,
+    Assignment,
+    LeaseView,
+    Metadata,
+    assign,
+    decode_assignment,
+    encode_metadata,
+)
+from consensus_backends.kafka.settings import Settings
+
+log = logging.getLogger("consensus_api.kafka")
+
+ENSURE_MS = 1000
+
+
+class Hooks(Protocol):
+    """What a member reports to its backend; every call returns at once (IO thread)."""
+
+    def assigned(self, member: Member, assignment: Assignment | None) -> None:
+        """``member`` completed a join with ``assignment``."""
+
+    def lost(self, member: Member) -> None:
+        """The broker dropped ``member``."""
+
+    def wake(self) -> None:
+        """The driver should tick now."""
+
+
+class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
+    """A member (``election=False``) or a candidate (``election=True``) of one Kafka group."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        api_version: Any,
+        group_id: str,
+        *,
+        name: str,
+        own_id: str,
+        data: bytes,
+        hooks: Hooks,
+        lease_view: Callable[[], LeaseView] | None = None,
+    ) -> None:
+        self.client = KafkaNetClient(**settings.client())
+        super().__init__(
+            self.client,
+            group_id=group_id,
+            session_timeout_ms=settings.session_ms,
+            heartbeat_interval_ms=settings.heartbeat_ms,
+            max_poll_interval_ms=settings.rebalance_ms,
+            request_timeout_ms=int(settings.request_timeout * 1000),
+            retry_backoff_ms=50,
+            api_version=api_version,
+        )
+        self.name = name
+        self.own_id = own_id
+        self.election = lease_view is not None
+        self.stopping = False
+        self.lost = False
+        self.fatal: BaseException | None = None
+        self.assignment: Assignment | None = None
+        self.settled = threading.Event()
+        self.outcome: bool | BaseException = False
+        self.rejoin_at: float | None = None
+        self.completed_at = 0.0
+        self._data = data
+        self._hooks = hooks
+        self._lease_view = lease_view
+        self._joined_at = time.time() * 1000
+        self._since = -1
+        self._ensure: Any = None
+        self._heartbeat_dead = False
+
+    def start(self, deadline: float) -> None:
+        """Start the member's IO thread and bootstrap its connection."""
+        self.client._net.start()
+        self._manager.bootstrap(max(1, int((deadline - time.monotonic()) * 1000)))
+
+    @property
+    def kafka_id(self) -> str:
+        """The member id the broker gave this member ('' before the first JoinGroup)."""
+        member_id: str = self._generation.member_id
+        return member_id
+
+    def overdue(self, limit: float) -> bool:
+        """True if the member is joined and its last successful heartbeat is older than ``limit`` s."""
+        last = max(self.heartbeat.last_receive, self.heartbeat.last_reset)
+        return self.state is MemberState.STABLE and time.monotonic() - last > limit
+
+    def settle(self, outcome: bool | BaseException) -> None:
+        """Record what ``join`` / ``nominate`` waits for (the first outcome only)."""
+        if not self.settled.is_set():
+            self.outcome = outcome
+            self.settled.set()
+
+    def drive(self) -> None:
+        """One driver tick: start a (re)join when due, poll the heartbeat. Never blocks."""
+        if self.stopping or self.lost or self.fatal is not None:
+            return
+        done = self._ensure
+        if done is not None and done.is_done:
+            self._ensure = None
+            if done.exception is not None and not isinstance(done.exception, kerrors.RetriableError):
+                log.warning("joining Kafka group %s failed: %s", self.group_id, type(done.exception).__name__)
+                self.fatal = done.exception
+                self.settle(done.exception)
+                return
+        if self.rejoin_at is not None and time.monotonic() >= self.rejoin_at:
+            self.rejoin_at = None
+            self.request_rejoin()
+        due = self.need_rejoin() or self.coordinator_unknown() or self._heartbeat_dead
+        if self._ensure is None and due:
+            self._heartbeat_dead = False
+            self._ensure = self._manager.call_soon(self.ensure_active_group_async, ENSURE_MS)
+        try:
+            self.poll_heartbeat()
+        except Exception as exc:
+            log.debug("heartbeat loop of %s ended (%s); restarting", self.group_id, type(exc).__name__)
+            self._heartbeat_dead = True
+
+    def rebalance_seen(self, since: float) -> None:
+        """A description sent at ``since`` found the group rebalancing: rejoin now, not at the next
+        heartbeat (unless this member already completed a join after ``since``)."""
+        if self.state is MemberState.STABLE and self.completed_at < since and not self.stopping:
+            self.request_rejoin()
+
+    def stop(self, channel: Channel, deadline: float) -> bool:
+        """Leave the group (LeaveGroup on the backend's own connection) and close; True if confirmed."""
+        self.stopping = True
+        try:
+            self._close_heartbeat()
+        except RuntimeError:  # the client is already closed
+            return self.lost
+        kafka_id = self.kafka_id
+        left = not kafka_id or self.lost
+        try:
+            if not left:
+                channel.leave(self.group_id, [kafka_id], deadline)
+                left = True
+        except Exception as exc:
+            log.info("could not leave Kafka group %s (%s)", self.group_id, type(exc).__name__)
+        finally:
+            heartbeat = self._heartbeat_loop_future
+            while heartbeat is not None and not heartbeat.is_done and time.monotonic() < deadline:
+                time.sleep(0.01)  # let the closed heartbeat loop end before its IO thread stops
+            self.client.close()
+        return left
+
+    # BaseCoordinator's hooks (run on the IO thread)
+
+    def protocol_type(self) -> str:
+        return ELECTION_TYPE if self.election else GROUP_TYPE
+
+    def group_protocols(self) -> list[tuple[str, bytes]]:
+        last = self.assignment
+        metadata = Metadata(
+            id=self.own_id,
+            at=self._joined_at,
+            since=self._since,
+            seen=last.generation if last else -1,
+            rank=last.rank if last else NO_RANK,
+            lease=self._lease_view() if self._lease_view else (0, None),
+            data=self._data,
+        )
+        return [(PROTOCOL_NAME, encode_metadata(metadata))]
+
+    def _perform_assignment(self, leader_id: str, protocol: str, members: list[Any]) -> dict[str, bytes]:
+        own_lease = self._lease_view() if self._lease_view else (0, None)
+        return assign(
+            self._generation.generation_id,
+            [(m.member_id, bytes(m.metadata)) for m in members],
+            own_lease,
+            election=self.election,
+        )
+
+    async def _on_join_complete_async(
+        self, generation: int, member_id: str, protocol: str, member_assignment_bytes: bytes
+    ) -> None:
+        assignment = decode_assignment(bytes(member_assignment_bytes))
+        if assignment is not None and assignment.accepted and self._since < 0:
+            self._since = assignment.generation
+        self.assignment = assignment
+        self.completed_at = time.monotonic()
+        self._hooks.assigned(self, assignment)
+
+    def need_rejoin(self) -> bool:
+        return not (self.stopping or self.lost) and bool(super().need_rejoin())
+
+    def request_rejoin(self) -> None:
+        super().request_rejoin()
+        self._hooks.wake()
+
+    def reset_generation(self, member_id: str = UNKNOWN_MEMBER_ID) -> None:
+        joined = self._since >= 0
+        super().reset_generation(member_id)
+        if member_id == UNKNOWN_MEMBER_ID and joined and not (self.stopping or self.lost):
+            self.lost = True
+            self._hooks.lost(self)
+
+
+M = TypeVar("M", bound=Member)
+
+
+def start_member(create: Callable[[], M], channel: Channel, deadline: float, what: str) -> M:
+    """The member ``create`` makes, started (its connection bootstrapped) by ``deadline``; stopped
+    again if starting fails. Failures become consensus_api errors naming ``what``."""
+    try:
+        member = create()
+    except Exception as exc:
+        raise translate(exc, f"creating {what}") from None
+    try:
+        member.start(deadline)
+    except Exception as exc:
+        member.stop(channel, deadline)
+        raise translate(exc, f"connecting {what}") from None
+    return member

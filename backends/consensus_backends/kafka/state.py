@@ -1,0 +1,141 @@
+"""The state machine every session rebuilds from the command log.
+
+Commands are applied strictly in log order, so every session reaches the same
+decision for every command, including which of two racing conditional writes
+won. A version or a term is the command's offset plus one: strictly
+increasing for a key across updates, delete and re-create, and across leaders.
+
+Leases (who leads a service, under which term) live in the same log. A
+``LEAD`` claim succeeds only if it names the term it replaces (a compare and
+set on the service's lease), an ``UNLEAD`` vacates the lease it names, and a
+fenced write succeeds only if its ``(leader, term)`` is the lease in force at
+that point of the log: fencing is decided in log order, atomically with the
+write.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+
+from consensus_api.backend import Target, TargetKind
+from consensus_api.keys import parent_of
+from consensus_api.model import Leadership, Versioned
+from consensus_backends.kafka.records import Command, Op
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A service's lease: ``leader`` is None once vacated; ``member`` is the leader's Kafka member id."""
+
+    term: int
+    leader: str | None = None
+    member: str | None = None
+
+
+VACANT = Lease(0)
+
+
+class Result(enum.Enum):
+    """How a command ended."""
+
+    OK = "ok"
+    EXISTS = "exists"
+    NOT_FOUND = "not found"
+    CONFLICT = "conflict"
+    FENCED = "fenced"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A command's result; ``number`` is the new version or term when ``result`` is OK."""
+
+    result: Result
+    number: int = 0
+
+
+class StateMachine:
+    """Values, the key tree and the leases, as of the commands applied so far. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, Versioned] = {}
+        self._children: defaultdict[str, set[str]] = defaultdict(set)
+        self._leases: dict[str, Lease] = {}
+
+    def get(self, key: str) -> Versioned | None:
+        """The key's value and version, or None."""
+        with self._lock:
+            return self._values.get(key)
+
+    def children(self, namespace: str) -> frozenset[str]:
+        """The existing keys exactly one level below ``namespace``."""
+        with self._lock:
+            return frozenset(self._children.get(namespace, ()))
+
+    def below(self, namespace: str) -> list[tuple[str, Versioned]]:
+        """Every key at any depth below ``namespace`` with its value, in key order (one snapshot)."""
+        prefix = f"{namespace}/" if namespace else ""
+        with self._lock:
+            found = [(key, value) for key, value in self._values.items() if key.startswith(prefix)]
+        return sorted(found, key=lambda item: item[0])
+
+    def lease(self, service: str) -> Lease:
+        """The service's lease (``VACANT`` if it never had one)."""
+        with self._lock:
+            return self._leases.get(service, VACANT)
+
+    def apply(self, offset: int, command: Command) -> tuple[Outcome, list[Target]]:
+        """Apply the command at ``offset``; its outcome and the targets it changed."""
+        with self._lock:
+            if command.op is Op.LEAD:
+                return self._lead(offset, command)
+            if command.op is Op.UNLEAD:
+                return self._unlead(command)
+            if command.fence is not None and not self._fence_holds(command.fence):
+                return Outcome(Result.FENCED), []
+            current = self._values.get(command.name)
+            if command.op is Op.PUT:
+                if current is not None:
+                    return Outcome(Result.EXISTS), []
+            elif current is None:
+                return Outcome(Result.NOT_FOUND), []
+            elif command.version is not None and command.version != current.version:
+                return Outcome(Result.CONFLICT, current.version), []
+            return self._write(offset, command, created=current is None)
+
+    def _write(self, offset: int, command: Command, *, created: bool) -> tuple[Outcome, list[Target]]:
+        key = command.name
+        targets = [Target(TargetKind.VALUE, key)]
+        if command.op is Op.DELETE:
+            del self._values[key]
+            self._children[parent_of(key)].discard(key)
+            if not self._children[parent_of(key)]:
+                del self._children[parent_of(key)]
+            return Outcome(Result.OK), [*targets, Target(TargetKind.KEYSET, parent_of(key))]
+        self._values[key] = Versioned(command.value, offset + 1)
+        if created:
+            self._children[parent_of(key)].add(key)
+            targets.append(Target(TargetKind.KEYSET, parent_of(key)))
+        return Outcome(Result.OK, offset + 1), targets
+
+    def _fence_holds(self, fence: Leadership) -> bool:
+        lease = self._leases.get(fence.service, VACANT)
+        return lease.leader == fence.leader_id and lease.term == fence.term
+
+    def _lead(self, offset: int, command: Command) -> tuple[Outcome, list[Target]]:
+        lease = self._leases.get(command.name, VACANT)
+        if command.term != lease.term:
+            return Outcome(Result.REJECTED, lease.term), []
+        self._leases[command.name] = Lease(offset + 1, command.candidate, command.member)
+        return Outcome(Result.OK, offset + 1), [Target(TargetKind.ELECTION, command.name)]
+
+    def _unlead(self, command: Command) -> tuple[Outcome, list[Target]]:
+        lease = self._leases.get(command.name, VACANT)
+        if lease.term != command.term or lease.member != command.member or lease.leader is None:
+            return Outcome(Result.REJECTED, lease.term), []
+        self._leases[command.name] = Lease(lease.term)
+        return Outcome(Result.OK, lease.term), [Target(TargetKind.ELECTION, command.name)]

@@ -1,0 +1,200 @@
+"""Session leases, members, candidates and leaders, inside the caller's transaction.
+
+A lease expires by the database clock. Members and candidates reference their
+session's lease and are deleted with it. The leader of a service is the
+live candidate inserted first; every change of leader increments the
+service's term, which never decreases (the leaders row outlives its leaders).
+Changes of candidates and leaders are serialized per service by locking its
+leaders row first, in service order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from sqlalchemy import Connection, delete, func, literal, select, update
+
+from consensus_api.backend import Target, TargetKind
+from consensus_api.errors import FencedError, MemberExistsError, NotAMemberError
+from consensus_api.model import Leadership
+from consensus_backends.sql.changes import log_changes
+from consensus_backends.sql.dialect import insert_if_absent
+from consensus_backends.sql.schema import Tables, db_now
+
+
+def open_lease(conn: Connection, t: Tables, session_id: str, ttl: float) -> None:
+    """Create a lease that expires ``ttl`` seconds from now by the database clock."""
+    now = db_now(conn.dialect.name)
+    conn.execute(
+        t.sessions.insert().from_select(["id", "expires_at"], select(literal(session_id), now + ttl))
+    )
+
+
+def renew_lease(conn: Connection, t: Tables, session_id: str, ttl: float) -> bool:
+    """Extend an unexpired lease; False if it has expired or was reaped."""
+    now = db_now(conn.dialect.name)
+    renewed = conn.execute(
+        update(t.sessions)
+        .where(t.sessions.c.id == session_id, t.sessions.c.expires_at >= now)
+        .values(expires_at=now + ttl)
+        .returning(t.sessions.c.id)
+    )
+    return renewed.first() is not None
+
+
+def next_expiry(conn: Connection, t: Tables) -> float:
+    """Seconds from now until the earliest lease expires, by the database clock (``inf`` without leases)."""
+    left = conn.execute(select(func.min(t.sessions.c.expires_at) - db_now(conn.dialect.name))).scalar()
+    return math.inf if left is None else float(left)
+
+
+def reap_expired(conn: Connection, t: Tables) -> None:
+    """Drop every expired lease with its members and candidates."""
+    expired = (
+        conn.execute(select(t.sessions.c.id).where(t.sessions.c.expires_at < db_now(conn.dialect.name)))
+        .scalars()
+        .all()
+    )
+    if expired:
+        drop_sessions(conn, t, expired)
+
+
+def drop_sessions(conn: Connection, t: Tables, session_ids: Iterable[str]) -> None:
+    """Delete leases with their members and candidates; elect new leaders where needed."""
+    ids = list(session_ids)
+    services = sorted(
+        conn.execute(select(t.candidates.c.service).where(t.candidates.c.session_id.in_(ids)).distinct())
+        .scalars()
+        .all()
+    )
+    for service in services:
+        _lock_service(conn, t, service)
+    groups = (
+        conn.execute(delete(t.members).where(t.members.c.session_id.in_(ids)).returning(t.members.c.grp))
+        .scalars()
+        .all()
+    )
+    conn.execute(delete(t.candidates).where(t.candidates.c.session_id.in_(ids)))
+    conn.execute(delete(t.sessions).where(t.sessions.c.id.in_(ids)))
+    log_changes(conn, t, [Target(TargetKind.GROUP, g) for g in sorted(set(groups))])
+    for service in services:
+        _elect(conn, t, service)
+
+
+def join(  # noqa: PLR0917
+    conn: Connection, t: Tables, session_id: str, group: str, member_id: str, data: bytes
+) -> None:
+    """Add a member; ``MemberExistsError`` if a live one has that id."""
+    row = {"grp": group, "member_id": member_id, "session_id": session_id, "data": data}
+    if not insert_if_absent(conn, t.members, ["grp", "member_id"], row):
+        raise MemberExistsError(f"group {group!r} already has a live member {member_id!r}")
+    log_changes(conn, t, [Target(TargetKind.GROUP, group)])
+
+
+def leave(conn: Connection, t: Tables, session_id: str, group: str, member_id: str) -> None:
+    """Remove this session's member; ``NotAMemberError`` if it holds none."""
+    m = t.members.c
+    gone = conn.execute(
+        delete(t.members)
+        .where(m.grp == group, m.member_id == member_id, m.session_id == session_id)
+        .returning(m.member_id)
+    )
+    if gone.first() is None:
+        raise NotAMemberError(f"this session has no member {member_id!r} in group {group!r}")
+    log_changes(conn, t, [Target(TargetKind.GROUP, group)])
+
+
+def membership(conn: Connection, t: Tables, group: str) -> dict[str, bytes]:
+    """The members of ``group`` and their data."""
+    rows = conn.execute(select(t.members.c.member_id, t.members.c.data).where(t.members.c.grp == group))
+    return {row.member_id: bytes(row.data) for row in rows}
+
+
+def nominate(conn: Connection, t: Tables, session_id: str, service: str, candidate_id: str) -> bool:
+    """Queue a candidate; True if it leads now. ``MemberExistsError`` for a live duplicate."""
+    _lock_service(conn, t, service)
+    row = {"service": service, "candidate_id": candidate_id, "session_id": session_id}
+    if not insert_if_absent(conn, t.candidates, ["service", "candidate_id"], row):
+        raise MemberExistsError(f"service {service!r} already has a live candidate {candidate_id!r}")
+    leader = _elect(conn, t, service)
+    return leader is not None and leader.leader_id == candidate_id
+
+
+def resign(conn: Connection, t: Tables, session_id: str, service: str, candidate_id: str) -> None:
+    """Withdraw this session's candidate; ``NotAMemberError`` if it holds none."""
+    _lock_service(conn, t, service)
+    c = t.candidates.c
+    gone = conn.execute(
+        delete(t.candidates)
+        .where(c.service == service, c.candidate_id == candidate_id, c.session_id == session_id)
+        .returning(c.id)
+    )
+    if gone.first() is None:
+        raise NotAMemberError(f"this session has no candidate {candidate_id!r} for {service!r}")
+    _elect(conn, t, service)
+
+
+def leadership(conn: Connection, t: Tables, service: str) -> Leadership | None:
+    """The current leader of ``service`` and its term."""
+    row = conn.execute(
+        select(t.leaders.c.leader_id, t.leaders.c.term).where(
+            t.leaders.c.service == service, t.leaders.c.leader_id.is_not(None)
+        )
+    ).first()
+    return None if row is None else Leadership(service, row.leader_id, row.term)
+
+
+def check_fence(conn: Connection, t: Tables, fence: Leadership) -> None:
+    """Raise ``FencedError`` unless ``fence`` is current and its leader's lease unexpired.
+
+    The leaders row stays share-locked until the transaction ends, so no change
+    of leader can commit between this check and the fenced write.
+    """
+    lc, sc = t.leaders.c, t.sessions.c
+    query = (
+        select(lc.term)
+        .join_from(t.leaders, t.sessions, lc.session_id == sc.id)
+        .where(lc.service == fence.service, sc.expires_at >= db_now(conn.dialect.name))
+    )
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update(read=True, of=t.leaders)
+    term = conn.execute(query).scalar()
+    if term != fence.term:
+        raise FencedError(
+            f"leadership of {fence.service!r} at term {fence.term} is no longer current"
+            + (f" (the term is now {term})" if term is not None else " (nobody leads it now)")
+        )
+
+
+def _lock_service(conn: Connection, t: Tables, service: str) -> None:
+    insert_if_absent(conn, t.leaders, ["service"], {"service": service, "term": 0})
+    query = select(t.leaders.c.term).where(t.leaders.c.service == service)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    conn.execute(query)
+
+
+def _elect(conn: Connection, t: Tables, service: str) -> Leadership | None:
+    """Make the first live candidate the leader, with a new term if the leader changed."""
+    c, lc = t.candidates.c, t.leaders.c
+    first = conn.execute(
+        select(c.id, c.candidate_id, c.session_id).where(c.service == service).order_by(c.id).limit(1)
+    ).first()
+    current = conn.execute(select(lc.candidate, lc.leader_id, lc.term).where(lc.service == service)).one()
+    new_candidate = first.id if first is not None else None
+    if current.candidate == new_candidate:
+        return None if first is None else Leadership(service, current.leader_id, current.term)
+    term = current.term + 1 if first is not None else current.term
+    conn.execute(
+        update(t.leaders)
+        .where(lc.service == service)
+        .values(
+            candidate=new_candidate,
+            leader_id=first.candidate_id if first is not None else None,
+            session_id=first.session_id if first is not None else None,
+            term=term,
+        )
+    )
+    log_changes(conn, t, [Target(TargetKind.ELECTION, service)])
+    return None if first is None else Leadership(service, first.candidate_id, term)

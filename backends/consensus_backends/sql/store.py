@@ -1,0 +1,122 @@
+"""Versioned key-value operations, each run inside the caller's transaction.
+
+A deleted key stays as a tombstone row, so re-creating it continues from the
+tombstone's version: versions strictly increase per key, always.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+from sqlalchemy import ColumnElement, Connection, and_, func, select, update
+
+from consensus_api.backend import Target, TargetKind
+from consensus_api.errors import KeyExistsError, KeyNotFoundError, VersionConflictError
+from consensus_api.keys import parent_of
+from consensus_api.model import Versioned
+from consensus_backends.sql.changes import log_changes
+from consensus_backends.sql.dialect import insert_if_absent
+from consensus_backends.sql.schema import Tables
+
+
+def fetch(conn: Connection, t: Tables, key: str) -> Versioned | None:
+    """The live value of ``key``, or None."""
+    row = conn.execute(
+        select(t.kv.c.value, t.kv.c.version).where(t.kv.c.key == key, t.kv.c.deleted.is_(False))
+    ).first()
+    return None if row is None else Versioned(bytes(row.value), row.version)
+
+
+def put(conn: Connection, t: Tables, key: str, value: bytes) -> int:
+    """Create ``key`` (reviving a tombstone); ``KeyExistsError`` if it is live."""
+    revived = conn.execute(
+        update(t.kv)
+        .where(t.kv.c.key == key, t.kv.c.deleted.is_(True))
+        .values(value=value, version=t.kv.c.version + 1, deleted=False)
+        .returning(t.kv.c.version)
+    ).scalar()
+    if revived is None:
+        row = {"key": key, "parent": parent_of(key), "value": value, "version": 1, "deleted": False}
+        if not insert_if_absent(conn, t.kv, ["key"], row):
+            raise KeyExistsError(f"key {key!r} already exists")
+        revived = 1
+    _log_key(conn, t, key)
+    return int(revived)
+
+
+def update_value(conn: Connection, t: Tables, key: str, value: bytes, version: int | None) -> int:
+    """Replace the value of live ``key``, at ``version`` when given."""
+    condition = _live_at(t, key, version)
+    new_version = conn.execute(
+        update(t.kv)
+        .where(condition)
+        .values(value=value, version=t.kv.c.version + 1)
+        .returning(t.kv.c.version)
+    ).scalar()
+    if new_version is None:
+        _raise_missing_or_conflict(conn, t, key, version)
+    log_changes(conn, t, [Target(TargetKind.VALUE, key)])
+    return int(new_version)
+
+
+def delete(conn: Connection, t: Tables, key: str, version: int | None) -> None:
+    """Turn live ``key`` into a tombstone, at ``version`` when given."""
+    done = conn.execute(
+        update(t.kv)
+        .where(_live_at(t, key, version))
+        .values(value=None, version=t.kv.c.version + 1, deleted=True)
+        .returning(t.kv.c.version)
+    ).scalar()
+    if done is None:
+        _raise_missing_or_conflict(conn, t, key, version)
+    _log_key(conn, t, key)
+
+
+def keys(conn: Connection, t: Tables, namespace: str) -> frozenset[str]:
+    """The live keys exactly one level below ``namespace``."""
+    rows = conn.execute(select(t.kv.c.key).where(t.kv.c.parent == namespace, t.kv.c.deleted.is_(False)))
+    return frozenset(row.key for row in rows)
+
+
+def walk_page(
+    conn: Connection, t: Tables, namespace: str, after: str | None, limit: int
+) -> list[tuple[str, Versioned]]:
+    """Up to ``limit`` live keys below ``namespace`` that sort after ``after``, in key order.
+
+    The prefix test is an exact ``substr`` comparison (no ``LIKE`` escaping, no
+    reliance on the collation's order); on SQLite, whose collation is binary,
+    the prefix is also one range of the primary key.
+    """
+    kv = t.kv
+    query = select(kv.c.key, kv.c.value, kv.c.version).where(kv.c.deleted.is_(False))
+    if namespace:
+        prefix = namespace + "/"
+        query = query.where(func.substr(kv.c.key, 1, len(prefix)) == prefix)
+        if conn.dialect.name == "sqlite":
+            query = query.where(kv.c.key > prefix, kv.c.key < namespace + "0")  # "0" follows "/"
+    if after is not None:
+        query = query.where(kv.c.key > after)
+    rows = conn.execute(query.order_by(kv.c.key).limit(limit))
+    return [(row.key, Versioned(bytes(row.value), row.version)) for row in rows]
+
+
+def _live_at(t: Tables, key: str, version: int | None) -> ColumnElement[bool]:
+    condition = and_(t.kv.c.key == key, t.kv.c.deleted.is_(False))
+    return condition if version is None else and_(condition, t.kv.c.version == version)
+
+
+def _raise_missing_or_conflict(conn: Connection, t: Tables, key: str, version: int | None) -> NoReturn:
+    """Explain why a conditional statement matched no row.
+
+    Without ``version`` only a missing key can explain it: a later read in the
+    same transaction may already see the key re-created (PostgreSQL reads a new
+    snapshot per statement), which must not turn into a version conflict.
+    """
+    current = None if version is None else fetch(conn, t, key)
+    if current is None:
+        raise KeyNotFoundError(f"key {key!r} does not exist")
+    raise VersionConflictError(f"key {key!r} is at version {current.version}, not {version}")
+
+
+def _log_key(conn: Connection, t: Tables, key: str) -> None:
+    log_changes(conn, t, [Target(TargetKind.VALUE, key), Target(TargetKind.KEYSET, parent_of(key))])

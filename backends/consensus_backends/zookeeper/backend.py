@@ -1,0 +1,174 @@
+"""``ZooKeeperBackend``: the backend SPI over kazoo (``zookeeper://h1:2181,h2:2181/chroot``).
+
+Options besides the common ones: ``tls`` (bool), ``tls_ca``, ``tls_cert``,
+``tls_key`` (file paths). ``user:password@`` in the URL selects digest
+authentication with ACLs that admit only that identity. Every call is bounded
+by ``request_timeout``; see the modules of this package for the guarantees of
+each part.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import ClassVar
+
+from consensus_api.backend import Backend, BackendEvents, Target
+from consensus_api.config import BackendURL, OptionParser, Options
+from consensus_api.errors import ConsensusError
+from consensus_api.model import Leadership, Versioned
+from consensus_backends.zookeeper.connection import Connection
+from consensus_backends.zookeeper.election import Elections
+from consensus_backends.zookeeper.membership import Groups
+from consensus_backends.zookeeper.paths import Layout, chroot_of
+from consensus_backends.zookeeper.security import OPTIONS, Security
+from consensus_backends.zookeeper.storage import Storage
+from consensus_backends.zookeeper.txn import ensure
+from consensus_backends.zookeeper.walk import walk
+from consensus_backends.zookeeper.watches import Watches
+
+
+class ZooKeeperBackend(Backend):
+    """One ZooKeeper session (kazoo client) serving one consensus-api ``Session``."""
+
+    options: ClassVar[Mapping[str, OptionParser]] = OPTIONS
+
+    def __init__(self, url: BackendURL, options: Options, events: BackendEvents) -> None:
+        super().__init__(url, options, events)
+        self._layout = Layout(chroot_of(url.path))
+        self._connection = Connection(
+            url, options, Security(url, options.extra), events.state_changed, self._on_connected
+        )
+        timeout = options.request_timeout
+        self._watches = Watches(self._connection.client, self._layout, events.changed)
+        self._elections = Elections(self._connection, self._layout, timeout)
+        self._groups = Groups(self._connection, self._layout, timeout)
+        self._storage = Storage(self._connection, self._layout, self._elections, timeout)
+        self._change_reader = _ChangeReader(self._storage, self._groups, self._elections)
+
+    @property
+    def name(self) -> str:
+        """Always ``zookeeper``."""
+        return "zookeeper"
+
+    def __repr__(self) -> str:
+        return f"<ZooKeeperBackend {self.url.redacted()}>"
+
+    def open(self) -> None:
+        """Connect, then create the chroot's base znodes and check that the credentials may use them."""
+        self._connection.open()
+        deadline = time.monotonic() + self.settings.request_timeout
+        try:
+            ensure(self._connection, self._layout.base_paths(), deadline)
+            self._connection.read(
+                lambda client: [client.get_children_async(self._layout.kv)],
+                deadline,
+                barrier=self._layout.barrier_path,
+            )
+        except ConsensusError:
+            self._connection.close()
+            raise
+
+    def close(self) -> None:
+        """Close the ZooKeeper session: its members and candidates are gone when this returns."""
+        self._connection.close()
+
+    def _on_connected(self) -> None:
+        self._watches.rearm_all()
+
+    # Storage
+
+    def fetch(self, key: str) -> Versioned | None:
+        """See ``Storage.fetch``."""
+        return self._storage.fetch(key)
+
+    def put(self, key: str, value: bytes, fence: Leadership | None) -> int:
+        """See ``Storage.put``."""
+        return self._storage.put(key, value, fence)
+
+    def update(self, key: str, value: bytes, version: int | None, fence: Leadership | None) -> int:
+        """See ``Storage.update``."""
+        return self._storage.update(key, value, version, fence)
+
+    def delete(self, key: str, version: int | None, fence: Leadership | None) -> None:
+        """See ``Storage.delete``."""
+        self._storage.delete(key, version, fence)
+
+    def keys(self, namespace: str) -> frozenset[str]:
+        """See ``Storage.keys``."""
+        return self._storage.keys(namespace)
+
+    def walk(self, namespace: str) -> Iterator[tuple[str, Versioned]]:
+        """See ``consensus_backends.zookeeper.walk``."""
+        return walk(self._connection, self._layout, namespace, self.settings.request_timeout)
+
+    # Group membership
+
+    def join(self, group: str, member_id: str, data: bytes) -> None:
+        """See ``Groups.join``."""
+        self._groups.join(group, member_id, data)
+
+    def leave(self, group: str, member_id: str) -> None:
+        """See ``Groups.leave``."""
+        self._groups.leave(group, member_id)
+
+    def membership(self, group: str) -> dict[str, bytes]:
+        """See ``Groups.membership``."""
+        return self._groups.membership(group)
+
+    # Leader election
+
+    def nominate(self, service: str, candidate_id: str) -> bool:
+        """See ``Elections.nominate``."""
+        return self._elections.nominate(service, candidate_id)
+
+    def resign(self, service: str, candidate_id: str) -> None:
+        """See ``Elections.resign``."""
+        self._elections.resign(service, candidate_id)
+
+    def leadership(self, service: str) -> Leadership | None:
+        """See ``Elections.leadership``."""
+        return self._elections.leadership(service)
+
+    # Watches
+
+    def watch(self, target: Target) -> None:
+        """See ``Watches.watch``."""
+        self._watches.watch(target)
+
+    def unwatch(self, target: Target) -> None:
+        """See ``Watches.unwatch``."""
+        self._watches.unwatch(target)
+
+    def change_reader(self) -> _ChangeReader:
+        """Re-reads after a watch fired skip the linearizing no-op write: ZooKeeper orders a
+        session's watch events and replies, so a plain read sent after the event sees that
+        change, and this session's reads never go back (the client reconnects only to servers
+        at least as recent as it has seen)."""
+        return self._change_reader
+
+    def fault_identity(self) -> dict[str, object]:
+        """The ZooKeeper session: ``{"session_id": int, "password": hex}`` (tests only)."""
+        client_id = self._connection.client.client_id
+        if not client_id:
+            return {}
+        return {"session_id": int(client_id[0]), "password": bytes(client_id[1]).hex()}
+
+
+class _ChangeReader:
+    """The backend's reads without the barrier (see ``ZooKeeperBackend.change_reader``)."""
+
+    def __init__(self, storage: Storage, groups: Groups, elections: Elections) -> None:
+        self._storage, self._groups, self._elections = storage, groups, elections
+
+    def fetch(self, key: str) -> Versioned | None:
+        return self._storage.fetch(key, linearizable=False)
+
+    def keys(self, namespace: str) -> frozenset[str]:
+        return self._storage.keys(namespace, linearizable=False)
+
+    def membership(self, group: str) -> dict[str, bytes]:
+        return self._groups.membership(group, linearizable=False)
+
+    def leadership(self, service: str) -> Leadership | None:
+        return self._elections.leadership(service, linearizable=False)

@@ -1,0 +1,330 @@
+"""The kazoo client of one backend session: connecting, session states and bounded requests.
+
+Guarantees:
+
+* ``open`` returns within ``connect_timeout`` (``BackendUnavailableError``
+  otherwise, with kazoo's threads left to stop in the background).
+* ``run`` returns within its deadline; kazoo exceptions never escape: semantic
+  ones (``NoNodeError``...) come back as values, the rest become
+  ``ConsensusError``\\ s. Reads retry across connection loss until the deadline;
+  a write whose connection broke is ``OperationTimeoutError`` (effect unknown).
+* No call spans two sessions: once LOST is reported, a call begun before
+  raises ``SessionLostError`` (a write only if it was not sent yet). So a
+  read the core started before a loss cannot deliver the new session's view
+  before the core has handled LOST.
+* States: kazoo's SUSPENDED/LOST/CONNECTED are forwarded in order. As in
+  Curator, a connection SUSPENDED for ``session_timeout`` is reported LOST
+  (the server has most likely expired the session); if kazoo then resumes that
+  very session, it is closed (the server drops its ephemerals at once) and a
+  new one is opened before CONNECTED is reported. So after LOST no ephemeral
+  of the old session survives into the new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kazoo import exceptions as kz
+from kazoo.client import KazooClient, KazooState
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
+
+from consensus_api.config import BackendURL, Options
+from consensus_api.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    ConsensusError,
+    OperationTimeoutError,
+    SessionLostError,
+)
+from consensus_api.model import SessionState
+from consensus_backends.zookeeper.security import Security
+
+log = logging.getLogger("consensus_api.zookeeper")
+
+DEFAULT_PORT = 2181
+
+#: Errors that describe the data, for the caller to interpret.
+SEMANTIC = (
+    kz.NoNodeError,
+    kz.NodeExistsError,
+    kz.BadVersionError,
+    kz.NotEmptyError,
+    kz.RolledBackError,
+    kz.RuntimeInconsistency,
+)
+#: Errors of the connection or session: the request may or may not have been applied.
+TRANSIENT = (kz.ConnectionLoss, kz.SessionExpiredError, kz.OperationTimeoutError, kz.SessionMovedError)
+
+Build = Callable[[KazooClient], Sequence[Any]]
+
+
+class TransientError(Exception):
+    """A request failed because of the connection; raised inside this package only."""
+
+
+def host_string(url: BackendURL) -> str:
+    """kazoo's ``h1:p1,[v6]:p2`` host list for the URL's endpoints."""
+    if not url.endpoints:
+        raise ConfigurationError(
+            "a zookeeper:// URL needs at least one host, e.g. zookeeper://127.0.0.1:2181/app"
+        )
+    return ",".join(
+        f"[{e.host}]:{e.port or DEFAULT_PORT}" if ":" in e.host else f"{e.host}:{e.port or DEFAULT_PORT}"
+        for e in url.endpoints
+    )
+
+
+class Connection:
+    """One KazooClient and the session state machine around it."""
+
+    def __init__(
+        self,
+        url: BackendURL,
+        settings: Options,
+        security: Security,
+        report: Callable[[SessionState], None],
+        on_connected: Callable[[], None],
+    ) -> None:
+        self._url = url
+        self._settings = settings
+        self._report = report
+        self._on_connected = on_connected
+        self._lock = threading.Lock()
+        self._state_changed = threading.Condition(self._lock)
+        self._connected = False
+        self._closing = False
+        self._restarting = False
+        self._session_id: int | None = None
+        self._presumed_lost: int | None = None
+        self._epoch = 0
+        self._losses = 0
+        self._timer: threading.Timer | None = None
+        self.client = KazooClient(
+            hosts=host_string(url),
+            timeout=settings.session_timeout,
+            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=1.5, max_delay=1.0),
+            logger=security.logger,
+            **security.client_arguments(),
+        )
+        self.client.add_listener(self._on_state)
+
+    @property
+    def session_id(self) -> int | None:
+        """The id of the current ZooKeeper session (changes after LOST)."""
+        return self._session_id
+
+    def owns(self, stat: Any) -> bool:
+        """Whether ``stat`` is that of an ephemeral znode of the current session."""
+        return stat is not None and stat.ephemeralOwner == self._session_id
+
+    def open(self) -> None:
+        """Connect; ``BackendUnavailableError`` after ``connect_timeout``."""
+        timeout = self._settings.connect_timeout
+        try:
+            self.client.start_async()
+        except Exception as exc:  # kazoo could not even start its threads
+            self._stop_in_background()
+            raise BackendUnavailableError(f"cannot connect to {self._url.redacted()}: {exc}") from None
+        if not self._wait_connected(0, time.monotonic() + timeout):
+            self._stop_in_background()
+            raise BackendUnavailableError(
+                f"could not connect to ZooKeeper at {self._url.redacted()} within {timeout:g} s"
+            )
+
+    def close(self) -> None:
+        """Close the session (its ephemerals go at once); waits at most ``request_timeout``."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            self._connected = False
+            self._new_epoch()
+        stopper = self._stop_in_background()
+        stopper.join(self._settings.request_timeout)
+
+    def _stop_in_background(self) -> threading.Thread:
+        def stop() -> None:
+            try:
+                self.client.stop()
+                self.client.close()
+            except Exception:
+                log.debug("stopping the kazoo client failed", exc_info=True)
+
+        with self._lock:
+            self._closing = True
+            self._state_changed.notify_all()
+        thread = threading.Thread(target=stop, name="consensus-zookeeper-stop", daemon=True)
+        thread.start()
+        return thread
+
+    # Requests
+
+    def run(self, build: Build, deadline: float, *, idempotent: bool) -> list[Any]:
+        """Send the requests ``build`` starts (in order, pipelined) and return their outcomes.
+
+        Semantic errors are returned in place of the value. An idempotent batch
+        is re-sent after a connection problem until ``deadline``.
+        """
+        losses = self._losses
+        while True:
+            if self._closing:
+                raise SessionLostError("the session is closed")
+            connected = self._wait_connected(losses, deadline)
+            self._check_session(losses)
+            if not connected:
+                raise OperationTimeoutError(
+                    f"no connection to ZooKeeper within {self._settings.request_timeout:g} s "
+                    f"(session {self.state_name()})"
+                )
+            try:
+                results = build(self.client)
+                outcomes = [self._settle(result, deadline) for result in results]
+                if idempotent:
+                    self._check_session(losses)
+                return outcomes
+            except TransientError as exc:
+                if not idempotent and not isinstance(exc.__cause__, kz.ConnectionClosedError):
+                    raise OperationTimeoutError(
+                        f"the connection to ZooKeeper broke during a write ({type(exc.__cause__).__name__}); "
+                        "its effect is unknown"
+                    ) from None
+                time.sleep(0.01)  # kazoo may not have noticed the broken connection yet
+            except ConsensusError:
+                raise
+            except Exception as exc:  # anything else kazoo raised: never let it escape
+                raise ConsensusError(f"ZooKeeper request failed: {type(exc).__name__}: {exc}") from None
+
+    def _wait_connected(self, losses: int, deadline: float) -> bool:
+        """Wait until connected; returns early (False) on a session loss, close or the deadline."""
+        with self._state_changed:
+            while not self._connected and self._losses == losses and not self._closing:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._state_changed.wait(remaining)
+            return self._connected
+
+    def _check_session(self, losses: int) -> None:
+        if self._losses != losses:
+            raise SessionLostError("the ZooKeeper session was lost during the call")
+
+    def read(self, build: Build, deadline: float, *, barrier: str | None) -> list[Any]:
+        """An idempotent batch; with ``barrier`` a no-op quorum write is sent first.
+
+        ZooKeeper answers a session's requests in order, and a write completes
+        only once a quorum committed it, so the reads behind it see every write
+        that completed before this call: the reads are linearizable.
+        """
+        if barrier is None:
+            return self.run(build, deadline, idempotent=True)
+
+        def with_barrier(client: KazooClient) -> list[Any]:
+            transaction = client.transaction()
+            transaction.check(barrier, -1)
+            return [transaction.commit_async(), *build(client)]
+
+        return self.run(with_barrier, deadline, idempotent=True)[1:]
+
+    def _settle(self, result: Any, deadline: float) -> Any:
+        try:
+            return result.get(timeout=max(0.0, deadline - time.monotonic()))
+        except SEMANTIC as exc:
+            return exc
+        except TRANSIENT as exc:
+            raise TransientError() from exc
+        except KazooTimeoutError:
+            raise OperationTimeoutError(
+                f"ZooKeeper did not answer within {self._settings.request_timeout:g} s "
+                f"(session {self.state_name()}); the effect of a write is unknown"
+            ) from None
+        except (kz.NoAuthError, kz.AuthFailedError) as exc:
+            raise ConfigurationError(
+                f"ZooKeeper refused access ({type(exc).__name__}) for {self._url.redacted()}: "
+                "check the user name and password in the URL and the ACLs of the chroot"
+            ) from None
+        except kz.KazooException as exc:
+            raise ConsensusError(f"ZooKeeper request failed: {type(exc).__name__}") from None
+
+    def state_name(self) -> str:
+        """kazoo's current connection state, for error messages."""
+        return str(self.client.state)
+
+    # Session states (kazoo calls _on_state on its connection thread: never block there)
+
+    def _on_state(self, state: str) -> None:
+        restart = False
+        new_session = False
+        with self._lock:
+            if self._closing or self._restarting:
+                return
+            self._new_epoch()
+            if state == KazooState.CONNECTED:
+                client_id = self.client.client_id
+                session_id = client_id[0] if client_id else None
+                if self._presumed_lost is not None and session_id == self._presumed_lost:
+                    restart = self._restarting = True
+                else:
+                    self._presumed_lost = None
+                    new_session = session_id != self._session_id
+                    self._session_id = session_id
+                    self._connected = True
+                    self._report(SessionState.CONNECTED)
+            elif state == KazooState.SUSPENDED:
+                self._connected = False
+                self._timer = threading.Timer(
+                    self._settings.session_timeout, self._expire_locally, (self._epoch,)
+                )
+                self._timer.daemon = True
+                self._timer.start()
+                self._report(SessionState.SUSPENDED)
+            else:
+                self._connected = False
+                self._presumed_lost = None
+                self._losses += 1
+                self._report(SessionState.LOST)
+        if restart:
+            threading.Thread(target=self._restart, name="consensus-zookeeper-restart", daemon=True).start()
+        elif state == KazooState.CONNECTED:
+            log.debug("ZooKeeper session 0x%x connected (new: %s)", self._session_id or 0, new_session)
+            self._on_connected()
+
+    def _new_epoch(self) -> None:
+        """A state change: wake waiting calls, invalidate the local-expiry timer (lock held)."""
+        self._state_changed.notify_all()
+        self._epoch += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire_locally(self, epoch: int) -> None:
+        """Still SUSPENDED after ``session_timeout``: the server has most likely expired the session."""
+        with self._lock:
+            if self._closing or epoch != self._epoch:
+                return
+            self._presumed_lost = self._session_id
+            self._losses += 1
+            self._state_changed.notify_all()
+            self._report(SessionState.LOST)
+        log.info("no ZooKeeper connection for %g s: session presumed lost", self._settings.session_timeout)
+
+    def _restart(self) -> None:
+        """kazoo resumed a session presumed lost: close it, then start a new one."""
+        log.info("ZooKeeper resumed session 0x%x, presumed lost: closing it", self._session_id or 0)
+        try:
+            self.client.stop()
+        except Exception:
+            log.debug("closing the presumed-lost session failed", exc_info=True)
+        with self._lock:
+            self._restarting = False
+            self._presumed_lost = None
+            if self._closing:
+                return
+        try:
+            self.client.start_async()
+        except Exception:
+            log.exception("could not start a new ZooKeeper session")

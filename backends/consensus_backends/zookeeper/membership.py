@@ -1,0 +1,165 @@
+"""Group membership: one ephemeral znode per member, its data the member's payload.
+
+Guarantees: ``join`` is one create (``NodeExistsError`` means a live member
+holds the id); a member lives exactly as long as the ZooKeeper session that
+created it; ``membership`` is a linearizable, consistent snapshot (the
+group's child list is re-checked after the members' data is read).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from consensus_api.errors import ConsensusError, MemberExistsError, NotAMemberError, OperationTimeoutError
+from consensus_backends.zookeeper import payload
+from consensus_backends.zookeeper.connection import Connection
+from consensus_backends.zookeeper.paths import Layout, decode_name, encode_name
+from consensus_backends.zookeeper.txn import Txn, check, check_deadline, create, delete, ensure
+
+log = logging.getLogger("consensus_api.zookeeper")
+
+
+class Groups:
+    """The membership operations of one backend."""
+
+    def __init__(self, connection: Connection, layout: Layout, timeout: float) -> None:
+        self._connection = connection
+        self._layout = layout
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._own: set[tuple[str, str]] = set()
+
+    def join(self, group: str, member_id: str, data: bytes) -> None:
+        """Add an ephemeral member; ``MemberExistsError`` if a live one has that id."""
+        deadline = time.monotonic() + self._timeout
+        encoded = payload.encode(data)
+        path = self._layout.member(group, member_id)
+        chunks: list[str] = []
+        while True:
+            check_deadline(deadline, "join")
+            stored = encoded.data
+            if encoded.chunks and not chunks:
+                self._ensure(group, deadline)
+                prefix = f"{self._layout.member_chunks(group)}/{encode_name(member_id)}-"
+                chunks = payload.create_chunks(
+                    self._connection, prefix, encoded.chunks, deadline, ephemeral=True
+                )
+            txn = Txn()
+            for name in chunks:
+                txn.add("chunk", check(f"{self._layout.member_chunks(group)}/{name}", 0))
+            if chunks:
+                stored = payload.publish(chunks)
+            txn.add("member", create(path, stored, ephemeral=True))
+            try:
+                _, role, error = txn.commit(self._connection, deadline)
+            except OperationTimeoutError:
+                if not self._holds(path, deadline):
+                    raise
+                error = None
+            if error is None:
+                with self._lock:
+                    self._own.add((group, member_id))
+                return
+            if role == "member" and isinstance(error, NodeExistsError):
+                self._drop_chunks(group, chunks, deadline)
+                raise MemberExistsError(f"a live member of {group!r} already has the id {member_id!r}")
+            if not isinstance(error, NoNodeError):
+                raise ConsensusError(f"join failed in ZooKeeper: {type(error).__name__}")
+            self._ensure(group, deadline)
+
+    def leave(self, group: str, member_id: str) -> None:
+        """Remove this backend's member; ``NotAMemberError`` if it never joined it.
+
+        A member already gone with a lost session (its id perhaps taken by
+        another session since) counts as left.
+        """
+        deadline = time.monotonic() + self._timeout
+        with self._lock:
+            if (group, member_id) not in self._own:
+                raise NotAMemberError(f"this session has no member {member_id!r} in group {group!r}")
+        path = self._layout.member(group, member_id)
+        [found] = self._connection.read(lambda client: [client.get_async(path)], deadline, barrier=None)
+        if not isinstance(found, NoNodeError) and self._connection.owns(found[1]):
+            data, stat = found
+            txn = Txn()
+            txn.add("member", delete(path, stat.version))
+            for name in payload.chunk_names(data):
+                txn.add("chunk", delete(f"{self._layout.member_chunks(group)}/{name}"))
+            _, _, error = txn.commit(self._connection, deadline)
+            if error is not None and not isinstance(error, NoNodeError):
+                raise ConsensusError(f"leave failed in ZooKeeper: {type(error).__name__}")
+        with self._lock:
+            self._own.discard((group, member_id))
+
+    def membership(self, group: str, *, linearizable: bool = True) -> dict[str, bytes]:
+        """The live members of ``group`` and their data, read linearizably (else in this session's order)."""
+        deadline = time.monotonic() + self._timeout
+        members = self._layout.members(group)
+        while True:
+            check_deadline(deadline, "reading the membership")
+            [listed] = self._connection.read(
+                lambda client: [client.get_children_async(members, include_data=True)],
+                deadline,
+                barrier=self._layout.barrier_path if linearizable else None,
+            )
+            if isinstance(listed, NoNodeError):
+                return {}
+            names, parent = listed
+
+            def contents(client: KazooClient, names: list[str] = names) -> list[Any]:
+                found = [client.get_async(f"{members}/{name}") for name in names]
+                return [*found, client.exists_async(members)]
+
+            *found, again = self._connection.read(contents, deadline, barrier=None)
+            if again is None or again.pzxid != parent.pzxid:
+                continue  # a member joined or left meanwhile: read a consistent snapshot again
+            result = self._decode(group, names, found, deadline)
+            if result is not None:
+                return result
+
+    def _decode(
+        self, group: str, names: list[str], found: list[Any], deadline: float
+    ) -> dict[str, bytes] | None:
+        """The members' data by id; None if one vanished meanwhile (read again)."""
+        result: dict[str, bytes] = {}
+        for name, outcome in zip(names, found, strict=True):
+            if isinstance(outcome, NoNodeError):
+                return None
+            value = payload.decode(self._connection, self._layout.member_chunks(group), outcome[0], deadline)
+            if value is None:
+                return None
+            result[decode_name(name)] = value
+        return result
+
+    def _holds(self, path: str, deadline: float) -> bool:
+        """After a write of unknown effect: whether this session's member znode exists (read once
+        the connection is back, if time is left)."""
+        try:
+            [stat] = self._connection.read(lambda client: [client.exists_async(path)], deadline, barrier=None)
+        except OperationTimeoutError:
+            return False
+        return self._connection.owns(stat)
+
+    def _ensure(self, group: str, deadline: float) -> None:
+        paths = [self._layout.group(group), self._layout.members(group), self._layout.member_chunks(group)]
+        ensure(self._connection, paths, deadline)
+
+    def _drop_chunks(self, group: str, chunks: list[str], deadline: float) -> None:
+        """Best effort: delete chunks a failed join wrote (they would go with the session anyway)."""
+        if not chunks:
+            return
+        parent = self._layout.member_chunks(group)
+        try:
+            self._connection.run(
+                lambda client: [client.delete_async(f"{parent}/{n}") for n in chunks],
+                deadline,
+                idempotent=True,
+            )
+        except ConsensusError as exc:
+            log.debug("dropping unused chunks below %s failed: %s", parent, exc)

@@ -1,5 +1,0 @@
-"""The SQL backend: ``sqlite:///path`` and ``postgresql://user@host:port/db``."""
-
-from backends.sql.backend import SQLBackend
-
-__all__ = ["SQLBackend"]
