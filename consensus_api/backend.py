@@ -194,6 +194,15 @@ class Backend(ABC):
         """
         return self
 
+    def server_version(self) -> str | None:
+        """The server's software version (``"3.8.0"``), or None when the backend cannot tell.
+
+        Called on an open backend; at most one request, bounded by
+        ``request_timeout``; never raises for a version it cannot read.
+        Default: None.
+        """
+        return None
+
     # Fault injection (tests only)
 
     def fault_identity(self) -> Mapping[str, object]:

@@ -1,4 +1,4 @@
-"""The ``consensus`` command: storage, listeners, membership, elections, conformance, servers, demo.
+"""The ``consensus`` command: storage, listeners, membership, elections, ping, conformance, servers, demo.
 
 Exit codes: 0 ok, 1 a contract failure, 2 a usage or configuration error
 (see ``consensus_api.cli._common``).
@@ -17,6 +17,7 @@ from consensus_api.cli.demo import demo
 from consensus_api.cli.info import leader, members
 from consensus_api.cli.kv import kv
 from consensus_api.cli.migrate import migrate
+from consensus_api.cli.ping import ping
 from consensus_api.cli.servers import servers
 from consensus_api.cli.watch import watch
 
@@ -34,7 +35,7 @@ def cli() -> None:
     """
 
 
-for _command in (kv, watch, members, leader, conformance, servers, demo, chaos, check, migrate, bench):
+for _command in (kv, watch, members, leader, ping, conformance, servers, demo, chaos, check, migrate, bench):
     cli.add_command(_command)
 
 

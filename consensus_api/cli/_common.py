@@ -9,11 +9,13 @@ without a traceback.
 
 from __future__ import annotations
 
+import base64
+import importlib.util
 import json
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
@@ -47,6 +49,11 @@ USAGE_ERRORS: tuple[type[ConsensusError], ...] = (
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: What ``show_text`` escapes: C0 controls (NUL, ESC, ...), DEL, C1 controls, the line and
+#: paragraph separators and the bidirectional embeddings, overrides and isolates.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 _VAR_RE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}|(?P<name>[A-Za-z_][A-Za-z0-9_]*))")
 
@@ -149,9 +156,47 @@ def open_session(url: str | None, **options: Any) -> Session:
     return connect(expand_url(url), **options)
 
 
-def show_bytes(value: bytes) -> str:
-    """Bytes as text: UTF-8, with undecodable bytes as backslash escapes."""
-    return value.decode("utf-8", "backslashreplace")
+def show_text(text: str, *, keep_lines: bool = False) -> str:
+    """``text`` safe for a terminal: control characters (C0 with NUL and ESC, DEL, C1), line
+    separators and bidirectional overrides become visible escapes (``\\x1b``, ``\\u202e``).
+
+    With ``keep_lines``, newline and tab stay as they are (a multi-line value keeps its lines).
+    """
+    pattern = _UNSAFE_IN_LINES if keep_lines else _UNSAFE
+    return pattern.sub(_escape, text)
+
+
+def show_bytes(value: bytes, *, keep_lines: bool = False) -> str:
+    """Bytes for a terminal: UTF-8 with undecodable bytes as ``\\xNN``, then ``show_text``."""
+    return show_text(value.decode("utf-8", "backslashreplace"), keep_lines=keep_lines)
+
+
+def json_bytes(value: bytes) -> tuple[str, str]:
+    """Bytes for JSON: ``(text, "utf-8")`` when ``value`` is valid UTF-8, else ``(base64, "base64")``."""
+    try:
+        return value.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return base64.b64encode(value).decode("ascii"), "base64"
+
+
+def json_text(document: object) -> str:
+    """``document`` as one line of JSON with no character a terminal would act on (see ``show_text``)."""
+    return _UNSAFE.sub(lambda match: f"\\u{ord(match[0]):04x}", json.dumps(document, ensure_ascii=False))
+
+
+def echo_json(document: object) -> None:
+    """Print ``document`` as one JSON document on stdout."""
+    click.echo(json_text(document))
+
+
+def require_extra(extra: str, modules: Iterable[str], purpose: str) -> None:
+    """``ConfigurationError`` naming ``consensus-api[extra]`` when one of ``modules`` (top-level
+    import names) is not installed; looks them up without importing them, before any work."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigurationError(
+            f"{purpose} needs {', '.join(missing)} (not installed): pip install 'consensus-api[{extra}]'"
+        )
 
 
 def read_value(text: str) -> bytes:
@@ -162,36 +207,52 @@ def read_value(text: str) -> bytes:
 
 
 def describe(event: Event) -> str:
-    """One human-readable line for an event."""
+    """One human-readable line for an event, safe for a terminal."""
     if isinstance(event, ValueChanged):
         if event.value is None:
-            return f"{event.key} deleted"
-        return f"{event.key} version={event.version} value={_quoted(show_bytes(event.value))}"
+            return f"{show_text(event.key)} deleted"
+        value = json_text(event.value.decode("utf-8", "backslashreplace"))
+        return f"{show_text(event.key)} version={event.version} value={value}"
     if isinstance(event, KeySetChanged):
-        return f"{event.namespace or '/'} keys={json.dumps(sorted(event.keys), ensure_ascii=False)}"
+        return f"{show_text(event.namespace) or '/'} keys={json_text(sorted(event.keys))}"
     if isinstance(event, MembershipChanged):
-        return f"{event.group} members={json.dumps(sorted(event.members), ensure_ascii=False)}"
+        return f"{show_text(event.group)} members={json_text(sorted(event.members))}"
     if isinstance(event, LeaderChanged):
         if event.leader_id is None:
-            return f"{event.service} no leader"
-        return f"{event.service} leader={event.leader_id} term={event.term}"
+            return f"{show_text(event.service)} no leader"
+        return f"{show_text(event.service)} leader={show_text(event.leader_id)} term={event.term}"
     raise TypeError(f"not an event: {event!r}")
 
 
 def as_json(event: Event) -> dict[str, Any]:
-    """An event as a JSON-ready dict with a ``type`` field."""
+    """An event as a JSON-ready dict with a ``type`` field; bytes as ``json_bytes`` encodes them."""
     if isinstance(event, ValueChanged):
-        value = None if event.value is None else show_bytes(event.value)
-        return {"type": "value", "key": event.key, "version": event.version, "value": value}
+        value, encoding = (None, None) if event.value is None else json_bytes(event.value)
+        return {
+            "type": "value",
+            "key": event.key,
+            "version": event.version,
+            "value": value,
+            "encoding": encoding,
+        }
     if isinstance(event, KeySetChanged):
         return {"type": "keyset", "namespace": event.namespace, "keys": sorted(event.keys)}
     if isinstance(event, MembershipChanged):
-        members = {member: show_bytes(data) for member, data in sorted(event.members.items())}
-        return {"type": "membership", "group": event.group, "members": members}
+        return {"type": "membership", "group": event.group, "members": member_list(event.members)}
     if isinstance(event, LeaderChanged):
         return {"type": "leader", "service": event.service, "leader": event.leader_id, "term": event.term}
     raise TypeError(f"not an event: {event!r}")
 
 
-def _quoted(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+def member_list(members: Mapping[str, bytes]) -> list[dict[str, str]]:
+    """Members sorted by id, each ``{"member", "data", "encoding"}`` (see ``json_bytes``)."""
+    listed = []
+    for member_id in sorted(members):
+        data, encoding = json_bytes(members[member_id])
+        listed.append({"member": member_id, "data": data, "encoding": encoding})
+    return listed
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

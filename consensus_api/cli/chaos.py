@@ -8,7 +8,7 @@ import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from consensus_api.cli._common import err_console, expand_url, out_console
+from consensus_api.cli._common import err_console, expand_url, out_console, require_extra
 from consensus_api.history.nemesis import FAULTS
 from consensus_api.history.runner import SERVERS, ChaosOptions, run_chaos
 
@@ -104,6 +104,9 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
         **extra,
     )
     options.validate()
+    require_extra("spark", ["pyarrow"], "recording a history")
+    if server not in (None, "sqlite"):
+        require_extra("testing", ["mirakuru", "psutil"], f"--server {server}")
     columns = (TextColumn("chaos"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=err_console(), transient=False) as bar:
         task = bar.add_task("run", total=duration, status="starting")

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from consensus_api.checker import Budget, check_history
 from consensus_api.checker.report import write_report
-from consensus_api.cli._common import out_console
+from consensus_api.cli._common import out_console, require_extra
 
 
 @click.command("check")
@@ -64,6 +64,9 @@ def check(  # noqa: PLR0917 - click passes every option as a parameter
     converge. Exit status: 0 all checks pass, 1 a violation, 3 only unknown
     verdicts (a budget ran out), 2 a usage error or an invalid history.
     """
+    require_extra("spark", ["pyarrow", "pyspark"] if engine == "spark" else ["pyarrow"], f"--engine {engine}")
+    if report is not None:
+        require_extra("spark", ["matplotlib"], "--report")
     outcome = check_history(directory, engine, Budget(time_budget, state_budget), master)
     if report is not None:
         write_report(outcome, report)

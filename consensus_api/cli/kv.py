@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import click
 
-from consensus_api.cli._common import open_session, read_value, url_option
+from consensus_api.cli._common import (
+    echo_json,
+    json_bytes,
+    open_session,
+    read_value,
+    show_bytes,
+    show_text,
+    url_option,
+)
 from consensus_api.errors import KeyNotFoundError
 
 VALUE_HELP = "VALUE is taken as UTF-8 text; '-' reads the value's bytes from stdin."
+JSON_HELP = (
+    'Print one JSON document. A value is its UTF-8 text with "encoding": "utf-8" when it is valid '
+    'UTF-8, else its base64 with "encoding": "base64".'
+)
 
 
 @click.group("kv")
@@ -15,19 +27,33 @@ def kv() -> None:
     """Read and write keys: get, put, update, delete, keys."""
 
 
-@kv.command("get")
+@kv.command("get", epilog=JSON_HELP)
 @click.argument("key")
 @click.option("--version", "show_version", is_flag=True, help="Also print the version (on a second line).")
+@click.option("--raw", is_flag=True, help="Write the value's exact bytes (no newline, no escapes).")
+@click.option("--json", "as_json", is_flag=True, help='{"key", "version", "value", "encoding"}.')
 @url_option
-def get(key: str, show_version: bool, url: str | None) -> None:
-    """Print the value of KEY (exit 1 if there is no such key)."""
+def get(key: str, show_version: bool, raw: bool, as_json: bool, url: str | None) -> None:
+    """Print the value of KEY (exit 1 if there is no such key).
+
+    Control characters in the value are shown as escapes such as \\x1b (newlines
+    and tabs stay); --raw writes the bytes as stored.
+    """
+    if raw and (as_json or show_version):
+        raise click.UsageError("--raw cannot be combined with --json or --version")
     with open_session(url) as session:
         current = session.storage.fetch(key)
     if current is None:
         raise KeyNotFoundError(f"no such key: {key!r}")
-    click.echo(current.value)
-    if show_version:
-        click.echo(f"version: {current.version}")
+    if raw:
+        click.echo(current.value, nl=False)
+    elif as_json:
+        value, encoding = json_bytes(current.value)
+        echo_json({"key": key, "version": current.version, "value": value, "encoding": encoding})
+    else:
+        click.echo(show_bytes(current.value, keep_lines=True))
+        if show_version:
+            click.echo(f"version: {current.version}")
 
 
 @kv.command("put", epilog=VALUE_HELP)
@@ -68,10 +94,22 @@ def delete(key: str, version: int | None, url: str | None) -> None:
 
 @kv.command("keys")
 @click.argument("namespace", default="")
+@click.option("--recursive", "-r", is_flag=True, help="Every key at any depth below NAMESPACE.")
+@click.option("--json", "as_json", is_flag=True, help='{"namespace", "recursive", "keys": [...]}.')
 @url_option
-def keys(namespace: str, url: str | None) -> None:
-    """List the keys exactly one level below NAMESPACE (default: the root), one per line."""
+def keys(namespace: str, recursive: bool, as_json: bool, url: str | None) -> None:
+    """List the keys exactly one level below NAMESPACE (default: the root), sorted, one per line.
+
+    With --recursive, every key at any depth below it, read page by page (not
+    one atomic snapshot: keys written meanwhile may or may not be listed).
+    """
     with open_session(url) as session:
-        found = session.storage.keys(namespace)
-    for key in sorted(found):
-        click.echo(key)
+        if recursive:
+            found = sorted(key for key, _ in session.storage.walk(namespace))
+        else:
+            found = sorted(session.storage.keys(namespace))
+    if as_json:
+        echo_json({"namespace": namespace, "recursive": recursive, "keys": found})
+        return
+    for key in found:
+        click.echo(show_text(key))

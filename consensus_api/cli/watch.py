@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import queue
 import time
 
 import click
 
-from consensus_api.cli._common import as_json, describe, open_session, url_option
+from consensus_api.cli._common import as_json, describe, json_text, open_session, url_option
 from consensus_api.model import KeySetChanged, ValueChanged
 
 
@@ -29,7 +28,13 @@ from consensus_api.model import KeySetChanged, ValueChanged
     default=None,
     help="Exit (status 0) after S seconds.",
 )
-@click.option("--json", "as_json_lines", is_flag=True, help="One JSON object per event.")
+@click.option(
+    "--json",
+    "as_json_lines",
+    is_flag=True,
+    help="One JSON object per line and event; a value is UTF-8 text with "
+    '"encoding": "utf-8" when valid, else base64 with "encoding": "base64".',
+)
 @url_option
 def watch(
     *,
@@ -63,7 +68,7 @@ def watch(
                     event = events.get(timeout=wait)
                 except queue.Empty:
                     continue
-                line = json.dumps(as_json(event), ensure_ascii=False) if as_json_lines else describe(event)
+                line = json_text(as_json(event)) if as_json_lines else describe(event)
                 click.echo(line)
                 seen += 1
         except KeyboardInterrupt:

@@ -186,6 +186,18 @@ class EtcdClient:
         """The cluster's current revision, from a linearizable count of ``key`` (which the user may read)."""
         return int(self.range(etcdrpc.RangeRequest(key=key, count_only=True), deadline).header.revision)
 
+    def status_version(self, deadline: float) -> str:
+        """The server version from the Maintenance ``Status`` call of the endpoint in use."""
+        response = self._call(
+            "a status request",
+            lambda s, t, m: etcdrpc.MaintenanceStub(s.channel).Status.future(
+                etcdrpc.StatusRequest(), timeout=t, metadata=m
+            ),
+            deadline,
+            retry=True,
+        )
+        return str(response.version)
+
     def grant(self, ttl: int, deadline: float) -> tuple[int, int]:
         """A new lease: its id and the TTL etcd granted (at least the cluster's minimum)."""
         request = etcdrpc.LeaseGrantRequest(TTL=ttl)

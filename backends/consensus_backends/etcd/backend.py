@@ -33,6 +33,7 @@ from consensus_api.config import BackendURL, OptionParser, Options, boolean, str
 from consensus_api.errors import (
     BackendUnavailableError,
     ConfigurationError,
+    ConsensusError,
     FencedError,
     KeyExistsError,
     KeyNotFoundError,
@@ -295,6 +296,13 @@ class EtcdBackend(Backend):
     def unwatch(self, target: Target) -> None:
         """Stop reporting changes of ``target``."""
         self._watch.discard(target)
+
+    def server_version(self) -> str | None:
+        """The version the etcd member reports in its status (None if it does not answer in time)."""
+        try:
+            return self._client.status_version(self._deadline())
+        except ConsensusError:
+            return None
 
     def fault_identity(self) -> dict[str, object]:
         """The session's lease: ``{"lease": id}`` (None while it is being replaced; tests only)."""

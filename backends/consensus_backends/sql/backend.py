@@ -202,6 +202,11 @@ class SQLBackend(Backend):
         with self._lock:
             self._watched.discard(target)
 
+    def server_version(self) -> str | None:
+        """PostgreSQL's ``server_version``, or the SQLite library's version (both read at connect)."""
+        version = self._engine.dialect.server_version_info
+        return None if version is None else ".".join(str(part) for part in version)
+
     def fault_identity(self) -> dict[str, object]:
         """The session's lease row: ``{"sessions_table": name, "session_id": id}`` (tests only)."""
         return {"sessions_table": self._tables.sessions.name, "session_id": self._session_id}

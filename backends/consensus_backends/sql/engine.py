@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import importlib.util
 import itertools
 import math
 import os
@@ -183,7 +184,18 @@ def _cut(dbapi_connection: Any) -> None:
     duplicate.close()
 
 
+def _require_psycopg() -> None:
+    """``ConfigurationError`` naming the extra when psycopg is missing (SQLAlchemy would raise a bare
+    ``ModuleNotFoundError`` from ``create_engine``)."""
+    if importlib.util.find_spec("psycopg") is None:
+        raise ConfigurationError(
+            "the 'postgresql' backend needs psycopg, which is not installed: "
+            "pip install 'consensus-api[postgresql]'"
+        )
+
+
 def _postgresql(url: BackendURL, settings: Options) -> Engine:
+    _require_psycopg()
     if not url.endpoints:
         raise ConfigurationError("a postgresql URL needs a host: postgresql://user@host:5432/database")
     database = url.path.lstrip("/") or "postgres"

@@ -9,9 +9,12 @@ each part.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator, Mapping
 from typing import ClassVar
+
+from kazoo.exceptions import KazooException
 
 from consensus_api.backend import Backend, BackendEvents, Target
 from consensus_api.config import BackendURL, OptionParser, Options
@@ -146,6 +149,16 @@ class ZooKeeperBackend(Backend):
         change, and this session's reads never go back (the client reconnects only to servers
         at least as recent as it has seen)."""
         return self._change_reader
+
+    def server_version(self) -> str | None:
+        """From the ``srvr`` four-letter command (None where the server does not allow it); kazoo
+        sends it on a connection of its own, bounded by the session timeout."""
+        try:
+            answer = self._connection.client.command(b"srvr")
+        except (KazooException, OSError):
+            return None
+        match = re.search(r"Zookeeper version: ([^-,\s]+)", answer)
+        return None if match is None else match[1]
 
     def fault_identity(self) -> dict[str, object]:
         """The ZooKeeper session: ``{"session_id": int, "password": hex}`` (tests only)."""
