@@ -31,7 +31,9 @@ def kv() -> None:
 @click.argument("key")
 @click.option("--version", "show_version", is_flag=True, help="Also print the version (on a second line).")
 @click.option("--raw", is_flag=True, help="Write the value's exact bytes (no newline, no escapes).")
-@click.option("--json", "as_json", is_flag=True, help='{"key", "version", "value", "encoding"}.')
+@click.option(
+    "--json", "as_json", is_flag=True, help='Print {"key", "version", "value", "encoding"} (see below).'
+)
 @url_option
 def get(key: str, show_version: bool, raw: bool, as_json: bool, url: str | None) -> None:
     """Print the value of KEY (exit 1 if there is no such key).
@@ -95,7 +97,7 @@ def delete(key: str, version: int | None, url: str | None) -> None:
 @kv.command("keys")
 @click.argument("namespace", default="")
 @click.option("--recursive", "-r", is_flag=True, help="Every key at any depth below NAMESPACE.")
-@click.option("--json", "as_json", is_flag=True, help='{"namespace", "recursive", "keys": [...]}.')
+@click.option("--json", "as_json", is_flag=True, help='Print {"namespace", "recursive", "keys": [...]}.')
 @url_option
 def keys(namespace: str, recursive: bool, as_json: bool, url: str | None) -> None:
     """List the keys exactly one level below NAMESPACE (default: the root), sorted, one per line.

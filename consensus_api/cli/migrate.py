@@ -17,7 +17,14 @@ import click
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from consensus_api.cli._common import EXIT_FAILURE, err_console, expand_url, out_console, print_error
+from consensus_api.cli._common import (
+    EXIT_FAILURE,
+    err_console,
+    expand_url,
+    out_console,
+    print_error,
+    show_text,
+)
 from consensus_api.migrate import Action, Migration, Report
 
 EXIT_INTERRUPTED = 130
@@ -126,7 +133,8 @@ def _follow(migration: Migration, report: Report, rescan_interval: float) -> Non
 def _verify(report: Report) -> None:
     out = out_console()
     for difference in report.differences:
-        out.print(Text(f"{difference.kind:<10} {difference.key}  ({difference.detail})"), soft_wrap=True)
+        line = f"{difference.kind:<10} {difference.key}  ({difference.detail})"
+        out.print(Text(show_text(line)), soft_wrap=True)
     if report.differences:
         print_error(
             f"{len(report.differences)} differences between source and target ({report.scanned} source keys)"
@@ -140,7 +148,7 @@ def _summary(report: Report, elapsed: float) -> None:
     if report.dry_run:
         for action, key in report.planned:
             if action is not Action.UNCHANGED:
-                out.print(Text(f"{action.value:<10} {key}"), soft_wrap=True)
+                out.print(Text(f"{action.value:<10} {show_text(key)}"), soft_wrap=True)
     rate = report.scanned / elapsed if elapsed > 0 else 0.0
     verb = "would copy" if report.dry_run else "copied"
     out.print(
@@ -152,7 +160,9 @@ def _summary(report: Report, elapsed: float) -> None:
 def _finish(report: Report) -> None:
     console = err_console()
     if report.conflicts:
-        names = ", ".join(report.conflicts[:SHOWN]) + (" ..." if len(report.conflicts) > SHOWN else "")
+        names = ", ".join(show_text(name) for name in report.conflicts[:SHOWN]) + (
+            " ..." if len(report.conflicts) > SHOWN else ""
+        )
         what = "would refuse" if report.dry_run else "left alone"
         console.print(
             Text(
