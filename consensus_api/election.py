@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from consensus_api._session_port import SessionPort
 from consensus_api.backend import Target, TargetKind
 from consensus_api.keys import check_segment
 from consensus_api.model import LeaderChanged, Leadership
-
-if TYPE_CHECKING:
-    from consensus_api.session import Session
 
 
 class LeaderElection:
@@ -22,7 +19,7 @@ class LeaderElection:
     the backend reports the loss.
     """
 
-    def __init__(self, session: Session, service: str) -> None:
+    def __init__(self, session: SessionPort, service: str) -> None:
         self._session = session
         self.service = service
         self._target = Target(TargetKind.ELECTION, service)
@@ -33,11 +30,11 @@ class LeaderElection:
         The candidate stays in line until ``resign``, close or session loss;
         ``MemberExistsError`` if a live candidate already has that id.
         """
-        return self._session._nominate(self.service, check_segment(candidate_id, "candidate id"))
+        return self._session.nominate(self.service, check_segment(candidate_id, "candidate id"))
 
     def resign(self, leader_id: str) -> None:
         """Give up leadership or candidacy; the next candidate takes over."""
-        self._session._resign(self.service, check_segment(leader_id, "candidate id"))
+        self._session.resign(self.service, check_segment(leader_id, "candidate id"))
 
     def leader(self) -> str | None:
         """The current leader's id, or None."""
@@ -46,12 +43,12 @@ class LeaderElection:
 
     def leadership(self) -> Leadership | None:
         """The current leader and its term (the fencing token), or None."""
-        return self._session._backend_for_call().leadership(self.service)
+        return self._session.backend_for_call().leadership(self.service)
 
     def add_listener(self, callback: Callable[[LeaderChanged], None]) -> None:
         """Call ``callback`` with the leader now and after every change."""
-        self._session._hub.add(self._target, callback)
+        self._session.add_listener(self._target, callback)
 
     def remove_listener(self, callback: Callable[[LeaderChanged], None]) -> None:
         """Stop calling ``callback``."""
-        self._session._hub.remove(self._target, callback)
+        self._session.remove_listener(self._target, callback)

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from consensus_api._session_port import SessionPort
 from consensus_api.backend import Target, TargetKind
 from consensus_api.keys import check_segment, check_value
 from consensus_api.model import MembershipChanged
-
-if TYPE_CHECKING:
-    from consensus_api.session import Session
 
 
 class GroupMembership:
@@ -22,7 +19,7 @@ class GroupMembership:
     has ``auto_rejoin``.
     """
 
-    def __init__(self, session: Session, name: str) -> None:
+    def __init__(self, session: SessionPort, name: str) -> None:
         self._session = session
         self.name = name
         self._target = Target(TargetKind.GROUP, name)
@@ -31,11 +28,11 @@ class GroupMembership:
         """Join as ``member_id``; ``MemberExistsError`` if a live member has that id."""
         member_id = check_segment(member_id, "member id")
         data = check_value(data, "member data")
-        self._session._join(self.name, member_id, data)
+        self._session.join(self.name, member_id, data)
 
     def leave(self, member_id: str) -> None:
         """Leave; ``NotAMemberError`` if this session has no member ``member_id``."""
-        self._session._leave(self.name, check_segment(member_id, "member id"))
+        self._session.leave(self.name, check_segment(member_id, "member id"))
 
     def members(self) -> frozenset[str]:
         """The ids of the live members."""
@@ -43,12 +40,12 @@ class GroupMembership:
 
     def membership(self) -> dict[str, bytes]:
         """The live members and their data."""
-        return self._session._backend_for_call().membership(self.name)
+        return self._session.backend_for_call().membership(self.name)
 
     def add_listener(self, callback: Callable[[MembershipChanged], None]) -> None:
         """Call ``callback`` with the membership now and after every change."""
-        self._session._hub.add(self._target, callback)
+        self._session.add_listener(self._target, callback)
 
     def remove_listener(self, callback: Callable[[MembershipChanged], None]) -> None:
         """Stop calling ``callback``."""
-        self._session._hub.remove(self._target, callback)
+        self._session.remove_listener(self._target, callback)

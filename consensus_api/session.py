@@ -70,6 +70,79 @@ class _Events:
         self._session._hub.changed(target)
 
 
+class _Port:
+    """The session as its storage, groups, elections and coordinators see it (a ``SessionPort``)."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+        # What the session already does as the port describes it, handed on as is.
+        self.backend_for_call = session._backend_for_call
+        self.add_state_listener = session.add_state_listener
+        self.remove_state_listener = session.remove_state_listener
+        self.add_listener = session._hub.add
+        self.remove_listener = session._hub.remove
+
+    @property
+    def settings(self) -> config.Options:
+        return self._session.settings
+
+    @property
+    def state(self) -> SessionState:
+        return self._session.state
+
+    def join(self, group: str, member_id: str, data: bytes) -> None:
+        session = self._session
+        losses = session._losses
+        self.backend_for_call().join(group, member_id, data)
+        track = partial(session._joined.__setitem__, (group, member_id), data)
+        session._record(("member", group, member_id), losses, track)
+
+    def leave(self, group: str, member_id: str) -> None:
+        session = self._session
+        backend = self.backend_for_call()
+        if not self.holds_member(group, member_id):
+            raise NotAMemberError(f"this session has no member {member_id!r} in group {group!r}")
+        try:
+            backend.leave(group, member_id)
+        finally:
+            with session._lock:
+                session._joined.pop((group, member_id), None)
+                session._joined_in.pop(("member", group, member_id), None)
+
+    def nominate(self, service: str, candidate_id: str) -> bool:
+        session = self._session
+        losses = session._losses
+        leads = self.backend_for_call().nominate(service, candidate_id)
+        track = partial(session._candidacies.add, (service, candidate_id))
+        session._record(("candidacy", service, candidate_id), losses, track)
+        return leads
+
+    def resign(self, service: str, candidate_id: str) -> None:
+        session = self._session
+        backend = self.backend_for_call()
+        if not self.holds_candidacy(service, candidate_id):
+            raise NotAMemberError(f"this session has no candidate {candidate_id!r} for {service!r}")
+        try:
+            backend.resign(service, candidate_id)
+        finally:
+            with session._lock:
+                session._candidacies.discard((service, candidate_id))
+                session._joined_in.pop(("candidacy", service, candidate_id), None)
+
+    def holds_member(self, group: str, member_id: str) -> bool:
+        with self._session._lock:
+            return (group, member_id) in self._session._joined
+
+    def holds_candidacy(self, service: str, candidate_id: str) -> bool:
+        with self._session._lock:
+            return (service, candidate_id) in self._session._candidacies
+
+    def detach(self, coordinator: object) -> None:
+        session = self._session
+        with session._lock:
+            session._coordinators = [c for c in session._coordinators if c is not coordinator]
+
+
 class Session(Closing):
     """A connection whose lifetime bounds every member, candidacy and leadership.
 
@@ -110,7 +183,8 @@ class Session(Closing):
         except BaseException:
             self._dispatcher.stop(0)
             raise
-        self.storage = Storage(self)
+        self._port = _Port(self)
+        self.storage = Storage(self._port)
         self.listeners = ListenerRegistry(self._hub)
 
     @property
@@ -123,13 +197,17 @@ class Session(Closing):
         """The session's current state."""
         return self._state
 
+    def server_version(self) -> str | None:
+        """The version the server reports, or None where the backend cannot tell (Kafka)."""
+        return self._backend_for_call().server_version()
+
     def group(self, name: str) -> GroupMembership:
         """The group ``name`` (a key-like name)."""
-        return GroupMembership(self, check_key(name, "group name"))
+        return GroupMembership(self._port, check_key(name, "group name"))
 
     def election(self, service: str) -> LeaderElection:
         """The election for ``service`` (a key-like name)."""
-        return LeaderElection(self, check_key(service, "service name"))
+        return LeaderElection(self._port, check_key(service, "service name"))
 
     def coordinator(
         self,
@@ -142,7 +220,7 @@ class Session(Closing):
         """A member of ``group`` in Kafka's rebalance protocol (SPEC section 8); joins on
         ``ensure_active_group``. Closed with the session."""
         return self._attach(
-            Coordinator(self, group, protocol_type, handler, rebalance_timeout=rebalance_timeout)
+            Coordinator(self._port, group, protocol_type, handler, rebalance_timeout=rebalance_timeout)
         )
 
     def incremental_coordinator(
@@ -157,7 +235,7 @@ class Session(Closing):
         """A member of ``group`` sharing ``resources`` by incremental (KIP-848) reconciliation;
         joins on ``ensure_active_group``. Closed with the session."""
         coordinator = IncrementalCoordinator(
-            self, group, resources, listener, assignor=assignor, rebalance_timeout=rebalance_timeout
+            self._port, group, resources, listener, assignor=assignor, rebalance_timeout=rebalance_timeout
         )
         return self._attach(coordinator)
 
@@ -196,58 +274,17 @@ class Session(Closing):
     def __repr__(self) -> str:
         return f"<Session {self.url.redacted()} {self._state.name}>"
 
-    # Used by the public objects of this package.
+    # Used by this session's views (``_Port``).
 
     def _attach(self, coordinator: C) -> C:
         with self._lock:
             self._coordinators.append(coordinator)
         return coordinator
 
-    def _detach(self, coordinator: object) -> None:
-        with self._lock:
-            self._coordinators = [c for c in self._coordinators if c is not coordinator]
-
-    def _holds_member(self, group: str, member_id: str) -> bool:
-        with self._lock:
-            return (group, member_id) in self._joined
-
-    def _holds_candidacy(self, service: str, candidate_id: str) -> bool:
-        with self._lock:
-            return (service, candidate_id) in self._candidacies
-
     def _backend_for_call(self) -> Backend:
         if self._state is SessionState.CLOSED:
             raise SessionLostError("the session is closed; open a new one with consensus_api.connect()")
         return self._backend
-
-    def _join(self, group: str, member_id: str, data: bytes) -> None:
-        losses = self._losses
-        self._backend_for_call().join(group, member_id, data)
-        self._record(
-            ("member", group, member_id), losses, partial(self._joined.__setitem__, (group, member_id), data)
-        )
-
-    def _leave(self, group: str, member_id: str) -> None:
-        backend = self._backend_for_call()
-        with self._lock:
-            if (group, member_id) not in self._joined:
-                raise NotAMemberError(f"this session has no member {member_id!r} in group {group!r}")
-        try:
-            backend.leave(group, member_id)
-        finally:
-            with self._lock:
-                self._joined.pop((group, member_id), None)
-                self._joined_in.pop(("member", group, member_id), None)
-
-    def _nominate(self, service: str, candidate_id: str) -> bool:
-        losses = self._losses
-        leads = self._backend_for_call().nominate(service, candidate_id)
-        self._record(
-            ("candidacy", service, candidate_id),
-            losses,
-            partial(self._candidacies.add, (service, candidate_id)),
-        )
-        return leads
 
     def _record(self, item: tuple[str, str, str], losses: int, track: Callable[[], None]) -> None:
         """Track a member or candidacy joined while the session had ``losses`` losses.
@@ -263,18 +300,6 @@ class Session(Closing):
             self._joined_in[item] = losses
         if overtaken:
             self._dispatcher.submit(self._rejoin)
-
-    def _resign(self, service: str, candidate_id: str) -> None:
-        backend = self._backend_for_call()
-        with self._lock:
-            if (service, candidate_id) not in self._candidacies:
-                raise NotAMemberError(f"this session has no candidate {candidate_id!r} for {service!r}")
-        try:
-            backend.resign(service, candidate_id)
-        finally:
-            with self._lock:
-                self._candidacies.discard((service, candidate_id))
-                self._joined_in.pop(("candidacy", service, candidate_id), None)
 
     # Reports from the backend and their handling on the dispatcher thread.
 

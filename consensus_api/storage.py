@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from consensus_api._session_port import SessionPort
 from consensus_api.errors import FencedError, InvalidTypeError, SessionLostError
 from consensus_api.keys import check_key, check_namespace, check_value, check_version
 from consensus_api.model import Leadership, SessionState, Versioned
-
-if TYPE_CHECKING:
-    from consensus_api.session import Session
 
 T = TypeVar("T")
 
@@ -23,16 +21,16 @@ class Storage:
     only if that leadership is still current, atomically, else ``FencedError``.
     """
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: SessionPort) -> None:
         self._session = session
 
     def fetch(self, key: str) -> Versioned | None:
         """The value and version of ``key``, or None if it does not exist."""
-        return self._session._backend_for_call().fetch(check_key(key))
+        return self._session.backend_for_call().fetch(check_key(key))
 
     def put(self, key: str, value: bytes, *, fence: Leadership | None = None) -> int:
         """Create ``key``; ``KeyExistsError`` if it exists. Returns the new version."""
-        backend = self._session._backend_for_call()
+        backend = self._session.backend_for_call()
         args = check_key(key), check_value(value), _check_fence(fence)
         return self._write(fence, lambda: backend.put(*args))
 
@@ -40,13 +38,13 @@ class Storage:
         self, key: str, value: bytes, *, version: int | None = None, fence: Leadership | None = None
     ) -> int:
         """Replace the value of ``key``, if at ``version`` when given. Returns the new version."""
-        backend = self._session._backend_for_call()
+        backend = self._session.backend_for_call()
         args = check_key(key), check_value(value), check_version(version), _check_fence(fence)
         return self._write(fence, lambda: backend.update(*args))
 
     def delete(self, key: str, *, version: int | None = None, fence: Leadership | None = None) -> None:
         """Remove ``key``, if at ``version`` when given."""
-        backend = self._session._backend_for_call()
+        backend = self._session.backend_for_call()
         args = check_key(key), check_version(version), _check_fence(fence)
         self._write(fence, lambda: backend.delete(*args))
 
@@ -60,9 +58,7 @@ class Storage:
             session = self._session
             if fence is None or session.state is SessionState.CLOSED:
                 raise
-            with session._lock:
-                held_here = (fence.service, fence.leader_id) in session._candidacies
-            if not held_here:
+            if not session.holds_candidacy(fence.service, fence.leader_id):
                 raise
             raise FencedError(
                 f"the session holding the leadership of {fence.service!r} (term {fence.term}) was lost"
@@ -70,7 +66,7 @@ class Storage:
 
     def keys(self, namespace: str = "") -> frozenset[str]:
         """The keys that exist exactly one level below ``namespace``."""
-        return self._session._backend_for_call().keys(check_namespace(namespace))
+        return self._session.backend_for_call().keys(check_namespace(namespace))
 
     def walk(self, namespace: str = "") -> Iterator[tuple[str, Versioned]]:
         """Every key at any depth below ``namespace`` (``""``: all keys) with its value, streamed in pages.
@@ -81,7 +77,7 @@ class Storage:
         keys written meanwhile may or may not be. ``namespace`` itself is not
         yielded. Each page is bounded by ``request_timeout``; order is unspecified.
         """
-        backend = self._session._backend_for_call()
+        backend = self._session.backend_for_call()
         return backend.walk(check_namespace(namespace))
 
 

@@ -18,14 +18,14 @@ from consensus_api.assignors import (
     Subscription,
     get_assignor,
 )
+from consensus_api.coordinator.generic.negotiation import Offer, admit, choose, compatible
+from consensus_api.coordinator.generic.reconcile import FENCED, Ack, GroupState, reconcile
 from consensus_api.coordinator.handler import (
     assignor_named,
     check_resource_listener,
     require_callbacks,
     resource_names,
 )
-from consensus_api.coordinator.negotiation import Offer, admit, choose, compatible
-from consensus_api.coordinator.reconcile import FENCED, Ack, GroupState, reconcile
 from consensus_api.errors import ConfigurationError, InvalidKeyError, InvalidTypeError
 
 RESOURCES = frozenset(f"r{i:02d}" for i in range(10))

@@ -32,7 +32,7 @@ def ping(url: str | None, as_json: bool) -> None:
         connected = time.monotonic()
         session.storage.fetch(PING_KEY)
         read = time.monotonic()
-        version = session._backend_for_call().server_version()
+        version = session.server_version()
     report = {
         "url": session.url.redacted(),
         "backend": session.backend,

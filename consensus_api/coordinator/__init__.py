@@ -4,11 +4,16 @@
   metadata, one member is the leader and assigns, every member receives its
   assignment; eager, generation by generation. On Kafka it is the real
   JoinGroup/SyncGroup protocol, elsewhere the generic engine
-  (:mod:`.generic`, :mod:`.arbiter`) on storage, membership and election.
+  (:mod:`.generic`) on storage, membership and election.
 * :class:`ResourceHandler`: a ready-made handler spreading named resources
   with the assignors of :mod:`consensus_api.assignors`, eager or cooperative.
 * :class:`IncrementalCoordinator` (``session.incremental_coordinator``):
   KIP-848 reconciliation, no group-wide barrier, on every backend.
+
+This package holds the public part: the two coordinators, the handler
+interfaces, :class:`ResourceHandler`, and the engine interface a backend may
+implement (:mod:`.engine`). :mod:`.generic` is the machinery that runs a group
+on the primitives; nothing outside this package imports it.
 """
 
 from consensus_api.coordinator.core import Coordinator

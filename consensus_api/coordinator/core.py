@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost, Protocols
+from consensus_api.coordinator.generic.engine import GenericEngine
 from consensus_api.coordinator.handler import CoordinatorHandler, Generation, require_callbacks
 from consensus_api.coordinator.member import GroupMember
 from consensus_api.errors import (
@@ -38,7 +39,7 @@ from consensus_api.errors import (
 from consensus_api.keys import check_segment
 
 if TYPE_CHECKING:
-    from consensus_api.session import Session
+    from consensus_api._session_port import SessionPort
 
 log = logging.getLogger("consensus_api.coordinator")
 
@@ -58,7 +59,7 @@ class Coordinator(GroupMember, EngineHost):
 
     def __init__(
         self,
-        session: Session,
+        session: SessionPort,
         group: str,
         protocol_type: str,
         handler: CoordinatorHandler,
@@ -72,9 +73,11 @@ class Coordinator(GroupMember, EngineHost):
         self._generation: Generation | None = None
         self._prepared = False
         self._registered = False
-        backend = session._backend_for_call()
+        backend = session.backend_for_call()
         engine = backend.coordinator_engine(self.group, self.protocol_type, self, self.rebalance_timeout)
-        self._engine = engine if engine is not None else default_engine(session, self)
+        if engine is None:  # the generic engine, on the session's storage, membership and election
+            engine = GenericEngine(session, self.group, self.protocol_type, self, self.rebalance_timeout)
+        self._engine: CoordinatorEngine = engine
         session.add_state_listener(self._on_state)
 
     # The public interface
@@ -205,15 +208,6 @@ class Coordinator(GroupMember, EngineHost):
             callback(*args)
         except Exception:
             log.exception("%s of group %r raised; the protocol goes on", name, self.group)
-
-
-def default_engine(session: Session, coordinator: Coordinator) -> CoordinatorEngine:
-    """The generic engine (storage, membership and election of ``session``)."""
-    from consensus_api.coordinator.generic import GenericEngine  # noqa: PLC0415 - avoids an import cycle
-
-    return GenericEngine(
-        session, coordinator.group, coordinator.protocol_type, coordinator, coordinator.rebalance_timeout
-    )
 
 
 def _checked_protocols(protocols: Any) -> Protocols:

@@ -25,51 +25,31 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from consensus_api.assignors import Assignor
+from consensus_api.coordinator.generic.loop import Mirror, store, value_mirror
+from consensus_api.coordinator.generic.reconcile import FENCED, STABLE, Ack, GroupState, MemberState
+from consensus_api.coordinator.generic.records import IncrementalLayout
+from consensus_api.coordinator.generic.seat import Seat
+from consensus_api.coordinator.generic.steward import Steward, publish_subscription
 from consensus_api.coordinator.handler import (
     ResourceListener,
     assignor_named,
     check_resource_listener,
     resource_names,
 )
-from consensus_api.coordinator.loop import Mirror, Seat, store, value_mirror
 from consensus_api.coordinator.member import GroupMember
-from consensus_api.coordinator.reconcile import FENCED, STABLE, Ack, GroupState, MemberState
-from consensus_api.coordinator.records import group_segment
-from consensus_api.coordinator.steward import Steward, publish_subscription
 from consensus_api.model import SessionState, ValueChanged
+from consensus_api.storage import Storage
 
 if TYPE_CHECKING:
-    from consensus_api.session import Session
+    from consensus_api._session_port import SessionPort
 
 log = logging.getLogger("consensus_api.coordinator")
 
 IDLE = 1.0
 RETRY = 0.5
-
-
-@dataclass(frozen=True, slots=True)
-class IncrementalLayout:
-    """Names of one incremental group: membership, election, state blob and acknowledgements."""
-
-    group: str
-
-    @property
-    def root(self) -> str:
-        return f"_incremental/{group_segment(self.group)}"
-
-    @property
-    def state(self) -> str:
-        return f"{self.root}/state"
-
-    def ack(self, member: str) -> str:
-        return f"{self.root}/owned/{member}"
-
-    def subscription(self, digest: str) -> str:
-        return f"{self.root}/subscriptions/{digest}"
 
 
 class IncrementalCoordinator(GroupMember):
@@ -78,7 +58,7 @@ class IncrementalCoordinator(GroupMember):
 
     def __init__(
         self,
-        session: Session,
+        session: SessionPort,
         group: str,
         resources: Iterable[str],
         listener: ResourceListener,
@@ -87,6 +67,7 @@ class IncrementalCoordinator(GroupMember):
         rebalance_timeout: float | None = None,
     ) -> None:
         super().__init__(session, group, rebalance_timeout)
+        self._storage = Storage(session)
         self.resources = resource_names(resources)
         check_resource_listener(listener)
         chosen = assignor_named(assignor)
@@ -165,7 +146,7 @@ class IncrementalCoordinator(GroupMember):
     def _subscribe(self) -> bytes:
         """Follow the group state and publish the subscription; the membership data naming it."""
         self._state.start()
-        return publish_subscription(self._session, self._layout, self.resources)
+        return publish_subscription(self._storage, self._layout, self.resources)
 
     def _set_owned(self, wanted: frozenset[str], *, lost: bool = False) -> None:
         """Stop what is owned but not wanted, then start what is wanted but not owned."""
@@ -190,7 +171,7 @@ class IncrementalCoordinator(GroupMember):
         if last is not None and last.owned == owned and not entry.revoking and entry.state != FENCED:
             return  # nothing the steward waits for
         ack = Ack(entry.seq, owned)
-        store(self._session, self._layout.ack(self._id), ack.encode())
+        store(self._storage, self._layout.ack(self._id), ack.encode())
         self._acked = ack
 
     def _finish(self) -> None:

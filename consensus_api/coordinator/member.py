@@ -17,13 +17,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from consensus_api.closing import Closing
-from consensus_api.coordinator.loop import StepThread
+from consensus_api.coordinator.generic.loop import StepThread
 from consensus_api.errors import ConfigurationError, ConsensusError, OperationTimeoutError, SessionLostError
 from consensus_api.keys import check_key
 from consensus_api.model import SessionState
 
 if TYPE_CHECKING:
-    from consensus_api.session import Session
+    from consensus_api._session_port import SessionPort
 
 #: Seconds a member may take to rejoin during a rebalance before the group goes on without it.
 DEFAULT_REBALANCE_TIMEOUT = 30.0
@@ -33,7 +33,7 @@ T = TypeVar("T")
 class GroupMember(Closing):
     """One member of ``group``, stepped on its own thread ``consensus-coordinator-<group>``."""
 
-    def __init__(self, session: Session, group: str, rebalance_timeout: float | None) -> None:
+    def __init__(self, session: SessionPort, group: str, rebalance_timeout: float | None) -> None:
         self.group = check_key(group, "group name")
         self.rebalance_timeout = _positive(rebalance_timeout, DEFAULT_REBALANCE_TIMEOUT)
         self._session = session
@@ -46,7 +46,7 @@ class GroupMember(Closing):
         """Detach from the session and stop: the member's thread leaves the group (``_finish``).
         Idempotent; waits at most ``timeout`` (default: the session's ``request_timeout`` + 2 s)."""
         self._session.remove_state_listener(self._on_state)
-        self._session._detach(self)
+        self._session.detach(self)
         bound = self._session.settings.request_timeout + 2 if timeout is None else timeout
         self._thread.stop(bound if self._thread.started else 0)
         with self._cond:

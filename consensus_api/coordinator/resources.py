@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from consensus_api.assignors import Assignor, Subscription, get_assignor
 from consensus_api.coordinator.handler import (
+    CoordinatorHandler,
     ResourceListener,
     assignor_named,
     check_resource_listener,
@@ -34,10 +35,22 @@ from consensus_api.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from consensus_api.coordinator.core import Coordinator
-    from consensus_api.session import Session
 
 #: The protocol type of resource groups.
 PROTOCOL_TYPE = "resources"
+
+
+class CoordinatorFactory(Protocol):
+    """What ``ResourceHandler.join`` needs of a session: ``Session.coordinator``."""
+
+    def coordinator(
+        self,
+        group: str,
+        protocol_type: str,
+        handler: CoordinatorHandler,
+        *,
+        rebalance_timeout: float | None = None,
+    ) -> Coordinator: ...
 
 
 def encode_subscription(subscription: Subscription) -> bytes:
@@ -85,7 +98,9 @@ class ResourceHandler:
         self._generation = -1
         self._coordinator: Coordinator | None = None
 
-    def join(self, session: Session, group: str, *, rebalance_timeout: float | None = None) -> Coordinator:
+    def join(
+        self, session: CoordinatorFactory, group: str, *, rebalance_timeout: float | None = None
+    ) -> Coordinator:
         """The coordinator of this handler in ``group``; call its ``ensure_active_group`` to join."""
         self._coordinator = session.coordinator(
             group, PROTOCOL_TYPE, self, rebalance_timeout=rebalance_timeout

@@ -29,6 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+import psutil
 from mirakuru import SimpleExecutor
 from mirakuru.exceptions import ProcessFinishedWithError
 
@@ -119,30 +120,19 @@ def tcp_request(port: int, payload: bytes, timeout: float = 1.0) -> bytes:
 
 
 def _descendants(pid: int) -> list[int]:
-    """PIDs of all descendants of ``pid``, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat_file.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # the process exited meanwhile
-        children.setdefault(ppid, []).append(int(stat_file.parent.name))
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found.extend(kids)
-        todo.extend(kids)
-    return found
+    """PIDs of all descendants of ``pid`` (none if it is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return state != "Z"
 
 
 def _send(pids: Sequence[int], sig: int) -> None:
@@ -162,13 +152,7 @@ def _wait_gone(pids: Sequence[int], timeout: float) -> None:
 def _wait_reaped(pid: int, timeout: float) -> None:
     """Wait (at most ``timeout``) until ``pid`` is gone, zombie included."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            pass
+    while time.monotonic() < deadline and psutil.pid_exists(pid):
         time.sleep(0.01)
 
 

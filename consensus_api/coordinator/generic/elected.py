@@ -17,12 +17,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from consensus_api.coordinator.loop import Mirror, StepThread, value_mirror
+from consensus_api.coordinator.generic.loop import Mirror, StepThread, value_mirror
 from consensus_api.errors import FencedError, KeyExistsError, KeyNotFoundError, VersionConflictError
+from consensus_api.membership import GroupMembership
 from consensus_api.model import Leadership, MembershipChanged, ValueChanged
+from consensus_api.storage import Storage
 
 if TYPE_CHECKING:
-    from consensus_api.session import Session
+    from consensus_api._session_port import SessionPort
 
 #: Seconds between steps when nothing wakes the loop.
 IDLE = 1.0
@@ -39,9 +41,10 @@ class ElectedRunner(ABC, Generic[R]):
     """Runs ``_decide`` while its member leads the election of group ``root`` (``lead``)."""
 
     def __init__(
-        self, session: Session, name: str, root: str, key: str, decode: Callable[[bytes], R | None]
+        self, session: SessionPort, name: str, root: str, key: str, decode: Callable[[bytes], R | None]
     ) -> None:
         self._session = session
+        self._storage = Storage(session)
         self._root = root
         self._key = key
         self._decode = decode
@@ -99,7 +102,7 @@ class ElectedRunner(ABC, Generic[R]):
     def _write(self, lead: Leadership, record: R, version: int | None) -> None:
         """Store ``record`` if the stored one is still at ``version`` (None: absent) and ``lead``
         still holds."""
-        storage = self._session.storage
+        storage = self._storage
         try:
             if version is None:
                 written = storage.put(self._key, record.encode(), fence=lead)
@@ -118,7 +121,7 @@ class ElectedRunner(ABC, Generic[R]):
 
     def _start_mirrors(self) -> tuple[MembershipChanged | None, Mirror[ValueChanged] | None]:
         if self._members is None:
-            group = self._session.group(self._root)
+            group = GroupMembership(self._session, self._root)
             self._members = Mirror(group.add_listener, group.remove_listener, self._thread.wake)
             self._members.start()
         if self._record is None:

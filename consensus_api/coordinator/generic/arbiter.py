@@ -27,10 +27,10 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from consensus_api.coordinator.elected import IDLE, ElectedRunner
-from consensus_api.coordinator.loop import Mirror, keyset_mirror, value_mirror
-from consensus_api.coordinator.negotiation import Offer, admit, choose
-from consensus_api.coordinator.records import (
+from consensus_api.coordinator.generic.elected import IDLE, ElectedRunner
+from consensus_api.coordinator.generic.loop import Mirror, keyset_mirror, value_mirror
+from consensus_api.coordinator.generic.negotiation import Offer, admit, choose
+from consensus_api.coordinator.generic.records import (
     PREPARING,
     STABLE,
     SYNCING,
@@ -44,7 +44,7 @@ from consensus_api.errors import ConsensusError, KeyNotFoundError
 from consensus_api.model import KeySetChanged, Leadership, MembershipChanged, ValueChanged
 
 if TYPE_CHECKING:
-    from consensus_api.session import Session
+    from consensus_api._session_port import SessionPort
 
 log = logging.getLogger("consensus_api.coordinator")
 
@@ -64,7 +64,7 @@ class _Turn:
 class Arbiter(ElectedRunner[GenerationRecord]):
     """Runs while its member leads the group's election (``lead``); idle otherwise."""
 
-    def __init__(self, session: Session, layout: Layout, own_id: str, rebalance_timeout: float) -> None:
+    def __init__(self, session: SessionPort, layout: Layout, own_id: str, rebalance_timeout: float) -> None:
         name = f"consensus-arbiter-{layout.group}"
         super().__init__(session, name, layout.root, layout.record, GenerationRecord.decode)
         self._layout = layout
@@ -146,7 +146,7 @@ class Arbiter(ElectedRunner[GenerationRecord]):
         record = turn.record
         joins: dict[str, JoinRecord] = {}
         for member in expected:
-            stored = self._session.storage.fetch(self._layout.join(record.generation, member))
+            stored = self._storage.fetch(self._layout.join(record.generation, member))
             join = JoinRecord.decode(stored.value) if stored is not None else None
             if join is None:
                 raise KeyNotFoundError(f"the join of {member} vanished")
@@ -232,7 +232,7 @@ class Arbiter(ElectedRunner[GenerationRecord]):
 
     def _clean(self, generation: int) -> None:
         """Remove the joins and assignments no member needs any more (best effort)."""
-        storage = self._session.storage
+        storage = self._storage
         namespaces = [self._layout.joins(generation - 1), self._layout.joins(generation)]
         namespaces.append(self._layout.assignments(generation - 1))
         try:

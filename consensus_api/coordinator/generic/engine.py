@@ -30,12 +30,11 @@ import threading
 import uuid
 from typing import TYPE_CHECKING
 
-from consensus_api.coordinator.arbiter import Arbiter
 from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
-from consensus_api.coordinator.handler import Generation
-from consensus_api.coordinator.loop import Mirror, Seat, store, value_mirror
-from consensus_api.coordinator.negotiation import Offer, compatible
-from consensus_api.coordinator.records import (
+from consensus_api.coordinator.generic.arbiter import Arbiter
+from consensus_api.coordinator.generic.loop import Mirror, store, value_mirror
+from consensus_api.coordinator.generic.negotiation import Offer, compatible
+from consensus_api.coordinator.generic.records import (
     STABLE,
     SYNCING,
     AssignmentRecord,
@@ -45,11 +44,15 @@ from consensus_api.coordinator.records import (
     decode_offer,
     encode_offer,
 )
+from consensus_api.coordinator.generic.seat import Seat
+from consensus_api.coordinator.handler import Generation
 from consensus_api.errors import InconsistentGroupProtocolError, KeyNotFoundError
+from consensus_api.membership import GroupMembership
 from consensus_api.model import SessionState, ValueChanged
+from consensus_api.storage import Storage
 
 if TYPE_CHECKING:
-    from consensus_api.session import Session
+    from consensus_api._session_port import SessionPort
 
 log = logging.getLogger("consensus_api.coordinator")
 
@@ -61,14 +64,15 @@ class GenericEngine(CoordinatorEngine):
     """One member of a group on the generic protocol."""
 
     def __init__(
-        self, session: Session, group: str, protocol_type: str, host: EngineHost, rebalance_timeout: float
+        self, session: SessionPort, group: str, protocol_type: str, host: EngineHost, rebalance_timeout: float
     ) -> None:
         self._session = session
         self._layout = layout = Layout(group)
         self._protocol_type = protocol_type
         self._host = host
         self._id = f"m-{uuid.uuid4().hex}"
-        self._membership = session.group(layout.root)
+        self._storage = Storage(session)
+        self._membership = GroupMembership(session, layout.root)
         self._record: Mirror[ValueChanged] = value_mirror(session, layout.record, host.wake)
         arbiter = Arbiter(session, layout, self._id, rebalance_timeout)
         self._seat = Seat(session, layout.root, self._id, arbiter, host.wake)
@@ -176,7 +180,7 @@ class GenericEngine(CoordinatorEngine):
             self._held = -1
         protocols = self._host.rejoin()
         key = self._layout.join(target, self._id)
-        store(self._session, key, JoinRecord(tuple(protocols)).encode())
+        store(self._storage, key, JoinRecord(tuple(protocols)).encode())
         self._joined = target
         with self._lock:
             self._rejoin_requested = False
@@ -190,7 +194,7 @@ class GenericEngine(CoordinatorEngine):
             or self._joined != record.generation
         ):
             return
-        storage = self._session.storage
+        storage = self._storage
         members: dict[str, bytes] = {}
         for member in record.members:
             stored = storage.fetch(self._layout.join(record.generation, member))
@@ -204,14 +208,14 @@ class GenericEngine(CoordinatorEngine):
         if result is None:
             return
         key = self._layout.assignment(record.generation, self._id)
-        store(self._session, key, AssignmentRecord(record.generation, result).encode())
+        store(self._storage, key, AssignmentRecord(record.generation, result).encode())
         self._assigned = record.generation
 
     def _complete(self, record: GenerationRecord | None) -> bool:
         done = record.completed if record is not None else None
         if done is None or self._id not in done.members or not self._joined == done.generation > self._held:
             return False
-        stored = self._session.storage.fetch(self._layout.assignment(done.generation, done.leader))
+        stored = self._storage.fetch(self._layout.assignment(done.generation, done.leader))
         if stored is None or stored.version != done.assignment:
             return False  # a newer record is on its way
         assignment = AssignmentRecord.decode(stored.value)

@@ -1,4 +1,4 @@
-"""Where the generic engine keeps a group, and the JSON records it writes.
+"""Where generic and incremental groups are kept, and the JSON records the generic engine writes.
 
 Layout for group ``g`` (``<s>`` is ``g`` as one key segment: ``%`` and ``/``
 percent-encoded, or a digest when too long)::
@@ -8,6 +8,10 @@ percent-encoded, or a digest when too long)::
     key               _coordinator/<s>/generation    GenerationRecord (written by the arbiter, fenced)
     keys              _coordinator/<s>/joins/<n>/<m> JoinRecord: member m joins generation n (member)
     keys              _coordinator/<s>/assign/<n>/<l> AssignmentRecord of generation n by leader l (member l)
+
+An incremental group lives under ``_incremental/<s>`` (:class:`IncrementalLayout`): its
+membership group and election, the steward's ``state``, each member's ``owned/<m>``
+acknowledgement and ``subscriptions/<digest>``.
 
 A malformed record decodes to None and is treated as absent.
 """
@@ -20,7 +24,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from consensus_api.coordinator.negotiation import Offer
+from consensus_api.coordinator.generic.negotiation import Offer
 
 PREPARING, SYNCING, STABLE = "preparing", "syncing", "stable"
 MAX_SEGMENT = 200
@@ -216,3 +220,24 @@ def _unb64(text: Any) -> bytes:
 
 def _optional(value: Any, kind: type[Any]) -> Any:
     return None if value is None else kind(value)
+
+
+@dataclass(frozen=True, slots=True)
+class IncrementalLayout:
+    """Names of one incremental group: membership, election, state blob and acknowledgements."""
+
+    group: str
+
+    @property
+    def root(self) -> str:
+        return f"_incremental/{group_segment(self.group)}"
+
+    @property
+    def state(self) -> str:
+        return f"{self.root}/state"
+
+    def ack(self, member: str) -> str:
+        return f"{self.root}/owned/{member}"
+
+    def subscription(self, digest: str) -> str:
+        return f"{self.root}/subscriptions/{digest}"

@@ -20,24 +20,25 @@ import time
 from typing import TYPE_CHECKING
 
 from consensus_api.assignors import Assignor
-from consensus_api.coordinator.elected import IDLE, ElectedRunner
-from consensus_api.coordinator.loop import Mirror, value_mirror
-from consensus_api.coordinator.reconcile import UNREVOKED, Ack, GroupState, digest, reconcile
+from consensus_api.coordinator.generic.elected import IDLE, ElectedRunner
+from consensus_api.coordinator.generic.loop import Mirror, value_mirror
+from consensus_api.coordinator.generic.reconcile import UNREVOKED, Ack, GroupState, digest, reconcile
+from consensus_api.coordinator.generic.records import IncrementalLayout
 from consensus_api.errors import ConsensusError, KeyExistsError, KeyNotFoundError
 from consensus_api.model import Leadership, MembershipChanged, ValueChanged
+from consensus_api.storage import Storage
 
 if TYPE_CHECKING:
-    from consensus_api.coordinator.incremental import IncrementalLayout
-    from consensus_api.session import Session
+    from consensus_api._session_port import SessionPort
 
 log = logging.getLogger("consensus_api.coordinator")
 
 
-def publish_subscription(session: Session, layout: IncrementalLayout, resources: frozenset[str]) -> bytes:
+def publish_subscription(storage: Storage, layout: IncrementalLayout, resources: frozenset[str]) -> bytes:
     """Store ``resources`` under their digest (once per distinct set); the membership data naming it."""
     fingerprint = digest(resources)
     with contextlib.suppress(KeyExistsError):
-        session.storage.put(layout.subscription(fingerprint), json.dumps(sorted(resources)).encode())
+        storage.put(layout.subscription(fingerprint), json.dumps(sorted(resources)).encode())
     return fingerprint.encode()
 
 
@@ -45,7 +46,7 @@ class Steward(ElectedRunner[GroupState]):
     """Runs while its member leads the group's election (``lead``); idle otherwise."""
 
     def __init__(
-        self, session: Session, layout: IncrementalLayout, assignor: Assignor, timeout: float
+        self, session: SessionPort, layout: IncrementalLayout, assignor: Assignor, timeout: float
     ) -> None:
         name = f"consensus-steward-{layout.group}"
         super().__init__(session, name, layout.root, layout.state, GroupState.decode)
@@ -90,7 +91,7 @@ class Steward(ElectedRunner[GroupState]):
         """The subscription a member's data names (read once per digest); None if unreadable."""
         fingerprint = data.decode(errors="replace")
         if fingerprint not in self._subscriptions:
-            stored = self._session.storage.fetch(self._layout.subscription(fingerprint))
+            stored = self._storage.fetch(self._layout.subscription(fingerprint))
             try:
                 resources = frozenset(str(r) for r in json.loads(stored.value)) if stored else None
             except (ValueError, TypeError):
@@ -103,7 +104,7 @@ class Steward(ElectedRunner[GroupState]):
     def _forget_departed(self, old: GroupState, new: GroupState) -> None:
         for member in set(old.members) - set(new.members):
             try:
-                self._session.storage.delete(self._layout.ack(member))
+                self._storage.delete(self._layout.ack(member))
             except KeyNotFoundError:
                 pass
             except ConsensusError as exc:
