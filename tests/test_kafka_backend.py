@@ -417,7 +417,8 @@ def test_unreachable_broker_raises_backend_unavailable_in_time() -> None:
     started = time.monotonic()
     with pytest.raises(ca.BackendUnavailableError):
         ca.connect(f"kafka://127.0.0.1:{port}/x", connect_timeout=1.5)
-    assert time.monotonic() - started < 4
+    # connect_timeout plus slack for a loaded 2-core machine; benchmarks/detection.py times it
+    assert time.monotonic() - started < 1.5 + 3
 
 
 def test_credentials_never_appear_in_errors_reprs_or_logs(server: ServerHandle, caplog: Any) -> None:
