@@ -8,12 +8,12 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from benchmarks import failover, membership, ops, propagation, scale
+from benchmarks import detection, failover, membership, ops, propagation, scale
 from benchmarks.core import Plan, Row, run_id
 from benchmarks.raw import open_raw
 from consensus_api import Session, config, connect
 
-WORKLOADS = ("ops", "propagation", "membership", "failover", "scale")
+WORKLOADS = ("ops", "propagation", "membership", "failover", "detection", "scale")
 
 Progress = Callable[[str], None]
 
@@ -35,6 +35,8 @@ def _workload(name: str, session: Session, url: str, plan: Plan, run: str) -> li
         return membership.run(session, url, plan, run)
     if name == "failover":
         return failover.run(url, session.backend, plan, run)
+    if name == "detection":
+        return detection.run(url, plan, run)
     return scale.run(url, plan)
 
 

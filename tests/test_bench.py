@@ -32,6 +32,8 @@ WORKLOADS = {
     "propagation.value",
     "membership.join",
     "failover.2s",
+    "detection.unreachable",
+    "detection.close",
     "scale.members_200",
     "scale.groups_20x10",
     "scale.watched_1000",

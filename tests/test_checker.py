@@ -155,6 +155,38 @@ def listener_out_of_order() -> History:
     return h
 
 
+GROUP: dict[str, Any] = {"kind": "group", "key": G}
+
+
+def member_came_back() -> History:
+    """An observer sees m1 leave, then m1 again without a new join."""
+    h = History("member-back")
+    h.op(0, "join", 0, 4, value="m1", **GROUP)
+    h.event(1, "view", 5, members=["m1"], **GROUP)
+    h.op(0, "leave", 10, 14, value="m1", **GROUP)
+    h.event(1, "view", 15, members=[], **GROUP)
+    h.event(1, "view", 20, members=["m1"], **GROUP)
+    return h
+
+
+def phantom_member() -> History:
+    """A membership read lists a member nobody joined."""
+    h = History("phantom-member")
+    h.op(0, "join", 0, 4, value="m1", **GROUP)
+    h.op(1, "members", 5, 8, out={"members": ["m1", "ghost"]}, **GROUP)
+    return h
+
+
+def final_views_disagree() -> History:
+    """Two settled observers end on different memberships."""
+    h = History("final-disagree")
+    h.op(0, "join", 0, 4, value="m1", **GROUP)
+    for process, members in ((1, ["m1"]), (2, [])):
+        h.event(process, "view", 5, members=members, **GROUP)
+        h.event(process, "final", 95, members=members, **GROUP)
+    return h
+
+
 VIOLATIONS: dict[str, tuple[Callable[[], History], str]] = {
     "lost-write": (lost_write, "linearizability"),
     "stale-read": (stale_read, "linearizability"),
@@ -162,6 +194,9 @@ VIOLATIONS: dict[str, tuple[Callable[[], History], str]] = {
     "two-leaders": (two_leaders, "election"),
     "stale-fence": (stale_fenced_write, "election"),
     "listener-order": (listener_out_of_order, "listeners"),
+    "member-back": (member_came_back, "membership"),
+    "phantom-member": (phantom_member, "membership"),
+    "final-disagree": (final_views_disagree, "membership"),
 }
 
 

@@ -289,7 +289,9 @@ def test_revoked_lease_is_lost_then_rejoined(server: ServerHandle, raw: Any, pre
         assert meta_after.lease_id != meta.lease_id
         assert SUSPENDED not in states.events
         print(f"\nlease revoked: LOST after {detected:.3f}s, CONNECTED after {reconnected:.3f}s")
-        assert detected < 1.0  # the watch sees our member key deleted and checks the lease at once
+        # The watch sees the member key deleted and checks the lease at once (benchmarks time it); the
+        # bound is the contract's: within the session timeout, however loaded the machine.
+        assert detected < 6
 
 
 def test_revoked_lease_without_keys_is_found_by_the_keepalive(
@@ -307,7 +309,7 @@ def test_revoked_lease_without_keys_is_found_by_the_keepalive(
         first(events.states, CONNECTED, since=lost_at)
         assert backend._keeper.held() not in (None, lease)
         print(f"\nlease revoked (no keys): LOST after {detected:.3f}s (TTL 3s, keep-alive every 1s)")
-        assert detected < 1.5
+        assert detected < 3  # the next keep-alive (every TTL/3) finds it; the contract's bound: TTL
     finally:
         backend.close()
 
@@ -428,11 +430,11 @@ def test_watch_resumes_after_the_last_seen_revision(
         raw.put(Layout.from_path(prefix).key("k"), b"1")
         events.changes.wait_for(lambda changed: changed == target)
         proxy.cut()
-        raw.put(Layout.from_path(prefix).key("k"), b"2")
+        written = raw.put(Layout.from_path(prefix).key("k"), b"2").header.revision
         mark = len(events.changes)
         proxy.heal()
         events.changes.wait_for(lambda changed: changed == target, since=mark)
-        assert backend.fetch("k") == ca.Versioned(b"2", backend.fetch("k").version)  # type: ignore[union-attr]
+        assert backend.fetch("k") == ca.Versioned(b"2", written)
     finally:
         backend.close()
 
@@ -479,11 +481,16 @@ def test_listeners_converge_after_compaction_and_restart(server: ServerHandle, r
 # Connecting
 
 
+#: Over connect_timeout, for giving up on an unreachable server on a loaded 2-core machine (channel
+#: teardown included); the latency itself is measured by benchmarks/detection.py.
+UNREACHABLE_SLACK = 3.0
+
+
 def test_unreachable_cluster_is_backend_unavailable() -> None:
     started = time.monotonic()
     with pytest.raises(ca.BackendUnavailableError, match="connect_timeout"):
         ca.connect(f"etcd://{HOST}:{free_port()}/x", connect_timeout=1)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 1 + UNREACHABLE_SLACK
 
 
 def test_partial_tls_options_are_configuration_errors(server: ServerHandle, tmp_path: Path) -> None:
@@ -564,5 +571,5 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
             assert session.storage.put("k", b"v") > 0
             assert session.election("s").nominate("c")
         without_client_cert = {"tls_ca": options["tls_ca"]}
-        with pytest.raises(ca.ConsensusError):
+        with pytest.raises(ca.BackendUnavailableError):  # the server refuses the TLS handshake
             ca.connect(f"etcd://{HOST}:{client}/tls", connect_timeout=2, **without_client_cert)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import socket
 import subprocess
@@ -218,3 +219,62 @@ def test_attach_rejects_an_unreadable_control_file(tmp_path: Path) -> None:
         ServerHandle.attach(bad)
     with pytest.raises(ValueError, match="unreadable server control file"):
         ServerHandle.attach(tmp_path / "missing.json")
+
+
+PLANTED = """
+from consensus_api.conformance import faults_support
+
+_timed = faults_support.Prober._timed
+
+
+def planted(self, name, call):
+    if name == "keys" and sum(c.name == "keys" for c in self.calls) == 2:
+        raise RuntimeError("planted in the prober")
+    return _timed(self, name, call)
+
+
+faults_support.Prober._timed = planted
+"""
+
+
+def _fault_test(workdir: Path, *plugins: str) -> subprocess.CompletedProcess[str]:
+    """Run the conformance fault test ``test_server_side_session_expiry`` (it probes) on SQLite in a
+    pytest process of its own, with ``plugins`` (modules in ``workdir``) loaded."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(workdir), os.environ.get("PYTHONPATH")])),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "consensus_api.conformance.plugin",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(workdir),
+        f"--consensus-url=sqlite:///{workdir / 'ct.db'}",
+        "--tb=short",
+        "-q",
+    ]
+    for plugin in plugins:
+        command += ["-p", plugin]
+    command += ["--pyargs", "consensus_api.conformance.test_faults::test_server_side_session_expiry"]
+    return subprocess.run(
+        command, check=False, env=env, capture_output=True, text=True, timeout=300, cwd=workdir
+    )
+
+
+def test_an_exception_in_a_prober_fails_its_fault_test(tmp_path: Path) -> None:
+    """A RuntimeError planted in a prober's third ``keys`` call fails the conformance fault test that
+    probes (a failure, not a warning) with the traceback; without the plant the same test passes."""
+    (tmp_path / "ct_planted.py").write_text(PLANTED)
+    planted = _fault_test(tmp_path, "ct_planted")
+    assert planted.returncode == 1, planted.stdout + planted.stderr
+    assert "1 failed" in planted.stdout, planted.stdout
+    assert "the prober thread died" in planted.stdout, planted.stdout
+    assert "RuntimeError: planted in the prober" in planted.stdout, planted.stdout
+    control = _fault_test(tmp_path)
+    assert control.returncode == 0, control.stdout + control.stderr
+    assert "1 passed" in control.stdout, control.stdout

@@ -4,7 +4,7 @@ Storage (racing conditional writes, versions, fencing in log order), group
 membership and election on the real group protocol (dead sessions, SIGKILLed
 processes, hand-over), session states across broker pauses and restarts, and
 the pure parts (state machine, record format, group-leader assignment).
-A "crash" closes a session's sockets without LeaveGroup, as a dying process would.
+A crash is a real one: a child process holding the session (``conformance.worker hold``) is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import consensus_api as ca
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.testing import ServerHandle, start_server
-from consensus_backends.kafka import KafkaBackend
 from consensus_backends.kafka.protocol import Metadata, assign, decode_assignment, encode_metadata
 from consensus_backends.kafka.records import Command, Op, decode, encode
 from consensus_backends.kafka.settings import Secret
@@ -66,19 +65,24 @@ def connect(url: str) -> Iterator[Any]:
         session.close()
 
 
-def crash(session: ca.Session) -> None:
-    """End ``session`` as a killed process would: sockets closed, no LeaveGroup, no lease vacated."""
-    backend = session._backend
-    assert isinstance(backend, KafkaBackend)
-    assert backend._driver is not None and backend._groups is not None
-    assert backend._log is not None and backend._channel is not None
-    backend._driver.stop(2)
-    for member in backend._groups.members():
-        member.stopping = True
-        member.client.close()
-    backend._groups._members.clear()
-    backend._log.close(2)
-    backend._channel.close()
+Holder = Callable[..., WorkerProcess]
+
+
+@pytest.fixture
+def holder(url: str) -> Iterator[Holder]:
+    """``holder(group, member, service, candidate)``: a child process whose session joined ``group`` as
+    ``member`` and nominated ``candidate`` for ``service`` (READY); SIGKILL it to crash; reaped at the end."""
+    children: list[WorkerProcess] = []
+
+    def factory(group: str, member: str, service: str, candidate: str) -> WorkerProcess:
+        args = ["--group", group, "--member", member, "--service", service, "--candidate", candidate]
+        children.append(WorkerProcess(url, "hold", args, {"session_timeout": SESSION_TIMEOUT}))
+        children[-1].expect("READY", 60)
+        return children[-1]
+
+    yield factory
+    for child in children:
+        child.close()
 
 
 # Storage
@@ -211,54 +215,25 @@ def test_big_values_and_a_new_reader_replays_the_log(connect: Any) -> None:
 # Membership and election
 
 
-def test_crashed_members_session_leaves_for_an_observer_that_never_joined(connect: Any) -> None:
-    """A member whose session dies without LeaveGroup is gone for an observer within the bound."""
-    member, observer = connect(), connect()
-    member.group("workers").join("w1", b"data")
-    assert observer.group("workers").membership() == {"w1": b"data"}
-    started = time.monotonic()
-    crash(member)
-    wait_until(
-        lambda: "w1" not in observer.group("workers").members(),
-        SESSION_TIMEOUT + DEPARTURE_SLACK,
-        what="the crashed member is gone",
-        interval=0.02,
-    )
-    assert time.monotonic() - started >= SESSION_TIMEOUT * 0.8  # it was the session timeout, not a leave
-
-
-def test_sigkilled_process_leaves_the_group(url: str, connect: Any) -> None:
-    """A member in a SIGKILLed child process leaves within session_timeout plus slack."""
+def test_killed_members_session_leaves_for_an_observer_that_never_joined(
+    connect: Any, holder: Holder
+) -> None:
+    """A member and candidate in a SIGKILLed child process are gone, for an observer that never joined,
+    once the session timed out (no LeaveGroup: not earlier) and within the bound."""
     observer = connect()
-    child = WorkerProcess(
-        url,
-        "hold",
-        ["--group", "g", "--member", "child", "--service", "svc", "--candidate", "c"],
-        {"session_timeout": SESSION_TIMEOUT},
-    )
-    try:
-        child.expect("READY", 60)
-        assert "child" in observer.group("g").members()
-        child.signal(signal.SIGKILL)
-        started = time.monotonic()
-        wait_until(
-            lambda: "child" not in observer.group("g").members(),
-            SESSION_TIMEOUT + DEPARTURE_SLACK,
-            what="the killed child's member is gone",
-            interval=0.02,
-        )
-        wait_until(
-            lambda: observer.election("svc").leadership() is None,
-            SESSION_TIMEOUT + DEPARTURE_SLACK,
-            what="the killed child's candidacy is gone",
-            interval=0.02,
-        )
-        assert time.monotonic() - started < SESSION_TIMEOUT + DEPARTURE_SLACK
-    finally:
-        child.close()
+    child = holder("workers", "w1", "svc", "c")
+    assert observer.group("workers").membership() == {"w1": b"child"}
+    child.signal(signal.SIGKILL)
+    killed = time.monotonic()
+    bound = SESSION_TIMEOUT + DEPARTURE_SLACK
+    wait_until(lambda: "w1" not in observer.group("workers").members(), bound, what="the killed member gone")
+    assert time.monotonic() - killed >= SESSION_TIMEOUT * 0.8  # it was the session timeout, not a leave
+    wait_until(lambda: observer.election("svc").leadership() is None, bound, what="its candidacy gone")
 
 
 def test_close_leaves_at_once(connect: Any) -> None:
+    """close() sends LeaveGroup: member and candidacy are gone for others as it returns, well before the
+    session timeout would have removed them."""
     member, observer = connect(), connect()
     member.group("g").join("m")
     member.election("s").nominate("m")
@@ -266,37 +241,51 @@ def test_close_leaves_at_once(connect: Any) -> None:
     member.close()
     assert observer.group("g").members() == frozenset()
     assert observer.election("s").leadership() is None
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < SESSION_TIMEOUT
 
 
-def test_crashed_leader_hands_over_with_a_higher_term(connect: Any) -> None:
-    """The next candidate takes over after the leader's session timeout; listeners see it."""
-    leader, heir, observer = connect(), connect(), connect()
-    assert leader.election("svc").nominate("a") is True
+def test_killed_leader_hands_over_with_a_higher_term(connect: Any, holder: Holder) -> None:
+    """The leader's process SIGKILLed: the next candidate takes over after the session timeout with a
+    higher term; listeners see it."""
+    heir, observer = connect(), connect()
+    leader = holder("g", "m", "svc", "a")
     assert heir.election("svc").nominate("b") is False
     before = observer.election("svc").leadership()
-    assert before is not None
+    assert before is not None and before.leader_id == "a"
     log: EventLog[ca.LeaderChanged] = EventLog("leader")
     observer.election("svc").add_listener(log)
     log.wait_for(lambda event: event.leader_id == "a")
-    crash(leader)
+    leader.signal(signal.SIGKILL)
     after = log.wait_last(lambda event: event.leader_id == "b", SESSION_TIMEOUT + DEPARTURE_SLACK)
     assert after.term is not None and after.term > before.term
     assert [event.leader_id for event in log.events] == ["a", "b"]
 
 
-def test_leader_stays_while_candidates_come_and_go(connect: Any) -> None:
-    """Sticky: joins and departures of followers change neither the leader nor its term."""
-    leader = connect()
+def test_leader_stays_while_candidates_come_and_go(connect: Any, holder: Holder) -> None:
+    """Sticky: joins and departures of followers - a resignation, a SIGKILLed process - change neither
+    the leader nor its term. The killed follower's member (same session) leaving shows its session is
+    gone; the check waits for that, then ``DEPARTURE_SLACK`` for the election's own rebalance."""
+    leader, observer = connect(), connect()
     assert leader.election("svc").nominate("a") is True
     first = leader.election("svc").leadership()
-    followers = [connect() for _ in range(3)]
-    for index, follower in enumerate(followers):
+    log: EventLog[ca.LeaderChanged] = EventLog("leader")
+    observer.election("svc").add_listener(log)
+    log.wait_for(lambda event: event.leader_id == "a")
+    doomed = holder("g", "f0", "svc", "f0")
+    followers = [connect() for _ in range(2)]
+    for index, follower in enumerate(followers, start=1):
         assert follower.election("svc").nominate(f"f{index}") is False
-    followers[1].election("svc").resign("f1")
-    crash(followers[2])
-    time.sleep(SESSION_TIMEOUT + 1)
-    assert followers[0].election("svc").leadership() == first
+    followers[0].election("svc").resign("f1")
+    doomed.signal(signal.SIGKILL)
+    wait_until(
+        lambda: "f0" not in observer.group("g").members(),
+        SESSION_TIMEOUT + DEPARTURE_SLACK,
+        what="the killed follower's session gone",
+    )
+    time.sleep(DEPARTURE_SLACK)
+    assert connect().election("svc").nominate("f3") is False
+    assert observer.election("svc").leadership() == first
+    assert first is not None and log.events == [ca.LeaderChanged("svc", "a", first.term)]
 
 
 def test_racing_duplicate_joins_leave_one_member(connect: Any) -> None:
@@ -428,7 +417,8 @@ def test_unreachable_broker_raises_backend_unavailable_in_time() -> None:
     started = time.monotonic()
     with pytest.raises(ca.BackendUnavailableError):
         ca.connect(f"kafka://127.0.0.1:{port}/x", connect_timeout=1.5)
-    assert time.monotonic() - started < 4
+    # connect_timeout plus slack for a loaded 2-core machine; benchmarks/detection.py times it
+    assert time.monotonic() - started < 1.5 + 3
 
 
 def test_credentials_never_appear_in_errors_reprs_or_logs(server: ServerHandle, caplog: Any) -> None:

@@ -202,9 +202,9 @@ def test_intermediate_znodes_are_not_keys(
     assert sorted(raw.get_children(f"{chroot}/kv/d:a/d:b")) == ["k:c", "v:c"]
     assert storage.fetch("a") is None and storage.fetch("a/b") is None
     assert storage.keys("") == frozenset() and storage.keys("a") == frozenset()
-    storage.put("a", b"parent")
+    parent = storage.put("a", b"parent")
     storage.delete("a/b/c")
-    assert storage.fetch("a") == Versioned(b"parent", storage.fetch("a").version)  # type: ignore[union-attr]
+    assert storage.fetch("a") == Versioned(b"parent", parent)
     storage.put("a/b/c", b"again")
     storage.delete("a")
     assert storage.keys("") == frozenset()
@@ -215,11 +215,10 @@ def test_escaped_key_names_round_trip(server: ServerHandle, connect: Connect) ->
     """Keys with '%' and characters ZooKeeper rejects in paths are stored and listed unchanged."""
     storage = connect(server).storage
     names = {"ns/100%", "ns/%41", "ns/🔑", "ns/\U0010fffd"}
-    for name in names:
-        storage.put(name, name.encode())
+    versions = {name: storage.put(name, name.encode()) for name in names}
     assert storage.keys("ns") == names
     for name in names:
-        assert storage.fetch(name) == Versioned(name.encode(), storage.fetch(name).version)  # type: ignore[union-attr]
+        assert storage.fetch(name) == Versioned(name.encode(), versions[name])
 
 
 def test_large_values_are_chunked_and_collected(
@@ -374,20 +373,26 @@ def test_paused_server_reports_lost_then_recovers(own_server: ServerHandle, conn
     wait_until(lambda: session.group("g").membership() == {"m": b"x"}, what="the member re-joined")
 
 
+#: Over the configured timeout, for a bounded call or connect to end on a loaded 2-core machine: the
+#: contract's 1 s plus scheduling slack. The latencies themselves: benchmarks/detection.py.
+TIMING_SLACK = 3.0
+
+
 def test_calls_during_an_outage_are_bounded(own_server: ServerHandle, connect: Connect) -> None:
     """With the server down, reads and writes raise OperationTimeoutError within request_timeout
     (plus a margin), and close() returns promptly."""
-    session = connect(own_server, session_timeout=10, request_timeout=2)
+    request_timeout = 2.0
+    session = connect(own_server, session_timeout=10, request_timeout=request_timeout)
     session.storage.put("k", b"v")
     own_server.kill()
     for call in (lambda: session.storage.fetch("k"), lambda: session.storage.update("k", b"w")):
         started = time.monotonic()
         with pytest.raises(OperationTimeoutError):
             call()
-        assert time.monotonic() - started < 3.5
+        assert time.monotonic() - started < request_timeout + TIMING_SLACK
     started = time.monotonic()
     session.close()
-    assert time.monotonic() - started < 3.5
+    assert time.monotonic() - started < request_timeout + TIMING_SLACK
 
 
 def test_unreachable_server_leaves_no_threads() -> None:
@@ -396,7 +401,7 @@ def test_unreachable_server_leaves_no_threads() -> None:
     started = time.monotonic()
     with pytest.raises(ca.BackendUnavailableError):
         ca.connect(f"zookeeper://{HOST}:{free_port()}/x", connect_timeout=1.5, session_timeout=2)
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 1.5 + TIMING_SLACK
     wait_until(
         lambda: not [t for t in set(threading.enumerate()) - before if t.is_alive()],
         what="kazoo's threads ended",

@@ -14,6 +14,7 @@ import json
 import math
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -127,11 +128,19 @@ class TimingLog:
 
 @dataclass
 class Call:
-    """One API call made during a fault: what, how long, and how it ended."""
+    """One API call made during a fault: what, when it started (``time.monotonic()``), how long, and
+    how it ended."""
 
     name: str
+    started: float
     seconds: float
     outcome: str
+
+
+#: A prober's calls, one of each per cycle.
+PROBE_CALLS = frozenset({"put", "fetch", "keys", "membership", "leadership"})
+#: Calls a prober must have had in progress during the fault: it was alive and calling.
+MIN_CALLS_DURING = 1
 
 
 class Prober:
@@ -139,8 +148,12 @@ class Prober:
 
     It cycles through ``put`` (a new key each time: the acknowledged ones are
     kept in ``acked``), ``fetch``, ``keys``, ``membership`` and ``leadership``.
-    ``stop`` ends it (bounded) and ``check`` asserts that no call blocked longer
-    than ``request_timeout + CALL_SLACK``.
+    The test marks the fault with ``fault_begins`` and ``fault_ends``;
+    ``finish`` waits until every kind of call succeeded after the fault, stops
+    the thread and asserts that it never raised anything but a
+    ``ConsensusError`` (else: its traceback), that no call blocked longer than
+    ``request_timeout + CALL_SLACK`` and that at least ``MIN_CALLS_DURING``
+    calls were in progress during the fault.
     """
 
     def __init__(self, session: Session, namespace: str, group: str, service: str) -> None:
@@ -148,11 +161,14 @@ class Prober:
         self.limit = session.settings.request_timeout + CALL_SLACK
         self.calls: list[Call] = []
         self.acked: dict[str, Versioned] = {}
+        #: The traceback of what ended the thread other than ``stop``, if anything did.
+        self.crash: str | None = None
         self._namespace = namespace
         self._group = group
         self._service = service
         self._stop = threading.Event()
         self._current = ("no call", time.monotonic())
+        self._fault: list[float] = []
         self._thread = threading.Thread(target=self._run, name="ct-prober", daemon=True)
 
     def __enter__(self) -> Prober:
@@ -169,8 +185,20 @@ class Prober:
         else:
             self._stop.set()  # the test failed already: report that, not a slow call
 
+    def fault_begins(self) -> float:
+        """Mark the start of the fault; returns that moment (``time.monotonic()``)."""
+        self._fault = [time.monotonic()]
+        return self._fault[0]
+
+    def fault_ends(self) -> float:
+        """Mark the end of the fault; returns that moment (``time.monotonic()``)."""
+        assert len(self._fault) == 1, "fault_ends without fault_begins"
+        self._fault.append(time.monotonic())
+        return self._fault[1]
+
     def stop(self) -> None:
-        """End the thread; waits at most one call's limit."""
+        """End the thread (waits at most one call's limit); fails if a call stayed blocked or the
+        thread raised."""
         self._stop.set()
         self._thread.join(self.limit + 1)
         if self._thread.is_alive():
@@ -179,8 +207,18 @@ class Prober:
                 f"{name} has been blocked for {time.monotonic() - started:.1f}s, more than request_timeout "
                 f"+ {CALL_SLACK:g}s ({self.limit:g}s); the calls before it: {self.calls[-4:]}"
             )
+        self._check_alive()
+
+    def _check_alive(self) -> None:
+        assert self.crash is None, f"the prober thread died after {len(self.calls)} calls:\n{self.crash}"
 
     def _run(self) -> None:
+        try:
+            self._cycle()
+        except BaseException:  # anything but a ConsensusError fails the test, with its traceback
+            self.crash = traceback.format_exc()
+
+    def _cycle(self) -> None:
         storage = self.session.storage
         index = 0
         while not self._stop.is_set():
@@ -206,15 +244,52 @@ class Prober:
             outcome = "ok"
         except ConsensusError as exc:
             result, outcome = None, type(exc).__name__
-        self.calls.append(Call(name, time.monotonic() - start, outcome))
+        self.calls.append(Call(name, start, time.monotonic() - start, outcome))
         return result
 
     def longest(self) -> float:
         """The longest call so far, in seconds."""
         return max((call.seconds for call in self.calls), default=0.0)
 
+    @property
+    def fault(self) -> tuple[float, float]:
+        """When the fault began and ended (``time.monotonic()``), as marked."""
+        assert len(self._fault) == 2, "the fault was not marked (fault_begins, fault_ends)"
+        return self._fault[0], self._fault[1]
+
+    def during(self) -> list[Call]:
+        """The calls in progress at some moment between ``fault_begins`` and ``fault_ends``."""
+        begun, ended = self.fault
+        return [call for call in self.calls if call.started <= ended and call.started + call.seconds >= begun]
+
+    def succeeded_after(self) -> set[str]:
+        """The kinds of call that succeeded at least once after ``fault_ends``."""
+        ended = self.fault[1]
+        return {call.name for call in list(self.calls) if call.started >= ended and call.outcome == "ok"}
+
+    def finish(self, bound: float) -> None:
+        """Wait (at most ``bound``) until every kind of call succeeded after the fault, stop, and assert
+        that the thread never raised, no call blocked too long and ``MIN_CALLS_DURING`` calls ran
+        during the fault."""
+        deadline = time.monotonic() + bound
+        while self.succeeded_after() != PROBE_CALLS and self._thread.is_alive():
+            assert time.monotonic() < deadline, (
+                f"after the fault, within {bound:g}s, only {sorted(self.succeeded_after())} of "
+                f"{sorted(PROBE_CALLS)} succeeded; the last calls: {self.calls[-5:]}"
+            )
+            time.sleep(0.05)
+        self.stop()
+        self.check()
+        during = self.during()
+        assert len(during) >= MIN_CALLS_DURING, (
+            f"{len(during)} prober calls ran during the fault, fewer than {MIN_CALLS_DURING}: "
+            f"the prober was not calling; its calls: {self.calls[-8:]}"
+        )
+
     def check(self) -> None:
-        """Assert that no call blocked longer than ``request_timeout + CALL_SLACK``."""
+        """Assert that the thread never raised and no call blocked longer than ``request_timeout +
+        CALL_SLACK``."""
+        self._check_alive()
         slow = [call for call in self.calls if call.seconds > self.limit]
         assert not slow, (
             f"calls blocked longer than request_timeout + {CALL_SLACK:g}s ({self.limit:g}s): {slow}"
@@ -302,10 +377,12 @@ class Subject:
         return times[0] - since if times else None
 
 
-def recovered(subject: Subject, prober: Prober, bound: float, record: Record, since: float) -> None:
-    """After the fault: usable, CONNECTED, every acknowledged write intact, listeners converged, the
-    member and candidacy back (with the same term unless the session was LOST)."""
+def recovered(subject: Subject, prober: Prober, bound: float, record: Record) -> None:
+    """After the fault (``prober`` still running): usable, CONNECTED, the prober's checks
+    (``Prober.finish``), every acknowledged write intact, listeners converged, the member and candidacy
+    back (with the same term unless the session was LOST)."""
     prober.check()
+    since = prober.fault[1]
     session, storage = subject.session, subject.session.storage
     wait_until(lambda: session.state is SessionState.CONNECTED, bound, what="CONNECTED again")
     attempts: list[BaseException | None] = []
@@ -318,6 +395,8 @@ def recovered(subject: Subject, prober: Prober, bound: float, record: Record, si
     written = wait_until(write, bound, what="a write succeeds again", observe=lambda: attempts[-3:])
     states = ",".join(state.name for state in subject.states.events) or "CONNECTED throughout"
     record("fault end -> writable", time.monotonic() - since, note=states)
+    prober.finish(bound)
+    record("longest call during the fault", prober.longest(), note=f"{len(prober.during())} calls")
     for key, stored in {**subject.acked, **prober.acked}.items():
         assert storage.fetch(key) == stored, f"the acknowledged write of {key} ({stored}) was lost"
     subject.values.wait_last(lambda event: event.version == written and event.value == b"after", bound)
@@ -328,6 +407,15 @@ def recovered(subject: Subject, prober: Prober, bound: float, record: Record, si
     assert now.leader_id == "c", now
     assert now.term > subject.term if subject.lost() else now.term == subject.term, (now, subject.states)
     subject.leaders.wait_last(lambda event: (event.leader_id, event.term) == ("c", now.term), bound)
+
+
+def survivor_works(prober: Prober, bound: float) -> None:
+    """A session that was not itself under the fault (``prober`` on it, still running): the prober's
+    checks (``Prober.finish``) and every write it acknowledged is stored."""
+    prober.finish(bound)
+    storage = prober.session.storage
+    for key, stored in prober.acked.items():
+        assert storage.fetch(key) == stored, f"the acknowledged write of {key} ({stored}) was lost"
 
 
 def leading_child(

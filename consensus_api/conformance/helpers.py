@@ -189,6 +189,14 @@ def wait_until(
         time.sleep(interval)
 
 
+def quiet_period(control: Callable[[], object]) -> None:
+    """The wait before a negative check ("nothing more arrived"), with a positive control: ``control()``
+    causes an event on another target and waits until it arrived - delivery was flowing - then
+    ``QUIET_PERIOD`` more passes for a late callback."""
+    control()
+    time.sleep(QUIET_PERIOD)
+
+
 def is_dispatch_thread(name: str) -> bool:
     """True for the name of a session's dispatcher thread."""
     return name.startswith(DISPATCH_THREAD_PREFIX)

@@ -295,11 +295,10 @@ def test_unreachable_backend_raises_within_connect_timeout(consensus_url: str, t
     """A backend nobody serves raises BackendUnavailableError within connect_timeout plus 1 s."""
     url, timeout = _unreachable(consensus_url, tmp_path), 3.0
     started = time.monotonic()
-    with pytest.raises(BackendUnavailableError) as info:
+    with pytest.raises(BackendUnavailableError):
         consensus_api.connect(url, connect_timeout=timeout, request_timeout=timeout, session_timeout=3)
     elapsed = time.monotonic() - started
     assert elapsed < timeout + 1, f"took {elapsed:.1f}s with connect_timeout={timeout}"
-    assert isinstance(info.value, ConsensusError)
 
 
 def test_credentials_never_appear_in_errors(consensus_url: str, tmp_path: Path) -> None:
@@ -308,11 +307,12 @@ def test_credentials_never_appear_in_errors(consensus_url: str, tmp_path: Path) 
     scheme = parse_url(consensus_url)[0].scheme
     with pytest.raises(ConfigurationError) as config_info:
         consensus_api.connect(f"{scheme}://ct-user:{secret}@127.0.0.1:{_free_port()}/ct", no_such_option=1)
-    with pytest.raises(ConsensusError) as connect_info:
+    # SQLite's URL has no place for credentials (ConfigurationError); elsewhere nobody serves the port.
+    unreachable = ConfigurationError if scheme == "sqlite" else BackendUnavailableError
+    with pytest.raises(unreachable) as connect_info:
         consensus_api.connect(
             _unreachable(consensus_url, tmp_path, secret), connect_timeout=3, request_timeout=3
         )
-    assert isinstance(connect_info.value, BackendUnavailableError | ConfigurationError), connect_info.value
     for error in (config_info.value, connect_info.value):
         for message in _messages(error):
             assert secret not in message, message
@@ -339,11 +339,11 @@ def test_credentials_never_appear_in_repr_or_logs(
             _with_password(consensus_url, secret), **{**consensus_options, "connect_timeout": 5}
         ) as session:
             texts += [repr(session), str(session.url)]
+            assert ":***@" in texts[0], f"the password is not shown masked: {texts[0]}"
             session.storage.put(f"{ns}/k", b"v")
     except ConsensusError as exc:  # a backend may refuse the credentials: then the error must not leak them
         texts += _messages(exc)
     formatter = logging.Formatter()
     texts += [formatter.format(record) for record in caplog.records]
-    assert texts
     for text in texts:
         assert secret not in text, text

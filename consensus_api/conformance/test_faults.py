@@ -31,6 +31,7 @@ from consensus_api.conformance.faults_support import (
     CALL_LIMIT,
     FAULT_OPTIONS,
     SESSION_TIMEOUT,
+    Prober,
     Record,
     Subject,
     fenced_lines,
@@ -39,6 +40,7 @@ from consensus_api.conformance.faults_support import (
     loss_bound,
     not_connected,
     recovered,
+    survivor_works,
     timed_call,
     watch_child,
 )
@@ -77,11 +79,11 @@ def open_proxied(
 
 
 def test_killed_client_is_replaced(
-    open_session: SessionFactory, spawn_worker: WorkerFactory, record: Record
+    open_session: SessionFactory, spawn_worker: WorkerFactory, ns: str, record: Record
 ) -> None:
     """A client SIGKILLed while it leads and is a member: within session_timeout plus the backend's
     detection delay, a session that never joined sees the member gone and a new leader with a higher
-    term."""
+    term; meanwhile that session's calls work, none blocks longer than request_timeout + 1 s."""
     group, service = unique("ct-group"), unique("ct-service")
     observer, contender = open_session(**FAULT_OPTIONS), open_session(**FAULT_OPTIONS)
     child, term = leading_child(spawn_worker, group, "doomed", service)
@@ -89,13 +91,15 @@ def test_killed_client_is_replaced(
     members, leaders = watch_child(observer, group, service, "doomed")
     bound = loss_bound(observer.backend, SESSION_TIMEOUT)
 
-    killed = time.monotonic()
-    child.signal(signal.SIGKILL)
-    members.wait_last(lambda event: "doomed" not in event.members, bound, what="the killed member gone")
-    record("kill -> member gone", time.monotonic() - killed)
-    left = max(0.1, killed + bound - time.monotonic())
-    moved = leaders.wait_for(lambda event: event.leader_id == "c-next", left, what="the new leader")
-    record("kill -> new leader", time.monotonic() - killed)
+    with Prober(observer, ns, group, service) as prober:
+        killed = prober.fault_begins()
+        child.signal(signal.SIGKILL)
+        members.wait_last(lambda event: "doomed" not in event.members, bound, what="the killed member gone")
+        record("kill -> member gone", time.monotonic() - killed)
+        left = max(0.1, killed + bound - time.monotonic())
+        moved = leaders.wait_for(lambda event: event.leader_id == "c-next", left, what="the new leader")
+        record("kill -> new leader", prober.fault_ends() - killed)
+        survivor_works(prober, bound)
     assert moved.term is not None and moved.term > term
     assert observer.election(service).leadership() == Leadership(service, "c-next", moved.term)
 
@@ -106,7 +110,8 @@ def test_paused_leader_is_fenced_and_told(
     """A leader SIGSTOPped past its session timeout, then resumed: every fenced write it attempts fails
     with FencedError within request_timeout + 1 s - the first ones at once on resuming, before it can
     have noticed anything - nothing the new leader wrote is overwritten, and it is told: a
-    LeaderChanged away from it and session LOST."""
+    LeaderChanged away from it and session LOST. Meanwhile the new leader's calls work, none blocks
+    longer than request_timeout + 1 s."""
     group, service = unique("ct-group"), unique("ct-service")
     contender = open_session(**FAULT_OPTIONS)
     child, term = leading_child(spawn_worker, group, "paused", service)
@@ -119,22 +124,26 @@ def test_paused_leader_is_fenced_and_told(
     bound = loss_bound(contender.backend, SESSION_TIMEOUT)
     writes = [("update", shared), ("delete", owned), ("put", fresh)]
 
-    child.signal(signal.SIGSTOP)
-    paused = time.monotonic()
-    try:
-        moved = leaders.wait_for(lambda event: event.leader_id == "c-next", bound, what="the hand-over")
-        record("pause -> new leader", time.monotonic() - paused)
-        assert moved.term is not None and moved.term > term
-        fence = Leadership(service, "c-next", moved.term)
-        stored = {
-            shared: Versioned(b"new leader", contender.storage.update(shared, b"new leader", fence=fence)),
-            owned: Versioned(b"new leader", contender.storage.put(owned, b"new leader", fence=fence)),
-        }
-        mark = len(child.lines)
-        for operation, key in writes:  # queued: the child runs them the moment it resumes
-            child.send(f"FENCED {operation} {key}")
-    finally:
-        child.signal(signal.SIGCONT)
+    with Prober(contender, f"{ns}/probe", group, service) as prober:
+        child.signal(signal.SIGSTOP)
+        paused = prober.fault_begins()
+        try:
+            moved = leaders.wait_for(lambda event: event.leader_id == "c-next", bound, what="the hand-over")
+            record("pause -> new leader", time.monotonic() - paused)
+            assert moved.term is not None and moved.term > term
+            fence = Leadership(service, "c-next", moved.term)
+            storage = contender.storage
+            stored = {
+                shared: Versioned(b"new leader", storage.update(shared, b"new leader", fence=fence)),
+                owned: Versioned(b"new leader", storage.put(owned, b"new leader", fence=fence)),
+            }
+            mark = len(child.lines)
+            for operation, key in writes:  # queued: the child runs them the moment it resumes
+                child.send(f"FENCED {operation} {key}")
+        finally:
+            child.signal(signal.SIGCONT)
+        prober.fault_ends()
+        survivor_works(prober, bound)
 
     at_once = fenced_lines(child, len(writes), mark, bound)
     _, told = child.expect("LEADER", bound, since=mark)
@@ -168,19 +177,18 @@ def test_server_killed_and_restarted(
     bound = loss_bound(subject.session.backend, SESSION_TIMEOUT)
     mark = len(subject.states)
     with subject.probe() as prober:
-        killed = time.monotonic()
+        killed = prober.fault_begins()
         server.kill()
         time.sleep(max(0.0, killed + SESSION_TIMEOUT / 2 - time.monotonic()))
         restarting = time.monotonic()
         server.restart()
-        ready = time.monotonic()
+        ready = prober.fault_ends()
         record("server restart", ready - restarting)
         subject.states.wait_for(not_connected, bound, since=mark, what="SUSPENDED or LOST")
         record("kill -> SUSPENDED/LOST seen by listeners", subject.noticed(killed) or 0.0)
         subject.states.wait_last(lambda state: state is SessionState.CONNECTED, bound, what="CONNECTED")
         record("server ready -> session CONNECTED", time.monotonic() - ready)
-    recovered(subject, prober, bound, record, ready)
-    record("longest call during the fault", prober.longest())
+        recovered(subject, prober, bound, record)
 
 
 @pytest.mark.requires_server
@@ -193,7 +201,7 @@ def test_server_paused_and_resumed(
     subject = Subject(open_session(**FAULT_OPTIONS), ns)
     bound = loss_bound(subject.session.backend, SESSION_TIMEOUT)
     with subject.probe() as prober:
-        paused = time.monotonic()
+        paused = prober.fault_begins()
         server.pause()
         try:
             subject.states.wait_for(not_connected, bound, what="SUSPENDED or LOST")
@@ -201,11 +209,10 @@ def test_server_paused_and_resumed(
             time.sleep(max(0.0, paused + PAUSE - time.monotonic()))
         finally:
             server.resume()
-        resumed = time.monotonic()
+        resumed = prober.fault_ends()
         subject.states.wait_last(lambda state: state is SessionState.CONNECTED, bound, what="CONNECTED")
         record("resume -> session CONNECTED", time.monotonic() - resumed)
-    recovered(subject, prober, bound, record, resumed)
-    record("longest call during the fault", prober.longest())
+        recovered(subject, prober, bound, record)
 
 
 def test_server_side_session_expiry(open_session: SessionFactory, ns: str, record: Record) -> None:
@@ -220,7 +227,7 @@ def test_server_side_session_expiry(open_session: SessionFactory, ns: str, recor
     other.election(subject.service).add_listener(leaders)
     bound = loss_bound(other.backend, SESSION_TIMEOUT)
     with subject.probe() as prober:
-        expired = time.monotonic()
+        expired = prober.fault_begins()
         expire_session(subject.session)
         moved = leaders.wait_for(lambda event: event.leader_id == "c-other", bound, what="the other leading")
         record("expiry -> other candidate leads", time.monotonic() - expired)
@@ -228,10 +235,10 @@ def test_server_side_session_expiry(open_session: SessionFactory, ns: str, recor
         subject.states.wait_for(lambda state: state is SessionState.LOST, bound, what="LOST")
         record("expiry -> session LOST", time.monotonic() - expired)
         subject.states.wait_last(lambda state: state is SessionState.CONNECTED, bound, what="CONNECTED")
-        record("expiry -> session CONNECTED", time.monotonic() - expired)
-    subject.leaders.wait_last(lambda event: event.leader_id == "c-other", bound, what="told who leads")
-    other.election(subject.service).resign("c-other")  # the re-joined candidacy takes over
-    recovered(subject, prober, bound, record, expired)
+        record("expiry -> session CONNECTED", prober.fault_ends() - expired)
+        subject.leaders.wait_last(lambda event: event.leader_id == "c-other", bound, what="told who leads")
+        other.election(subject.service).resign("c-other")  # the re-joined candidacy takes over
+        recovered(subject, prober, bound, record)
 
 
 @pytest.mark.requires_server
@@ -253,7 +260,7 @@ def test_client_cut_off_from_running_server(
     bound = loss_bound(other.backend, SESSION_TIMEOUT)
     told_mark = len(subject.leaders)
     with subject.probe() as prober:
-        cut = time.monotonic()
+        cut = prober.fault_begins()
         proxy.stall()
         try:
             members.wait_last(lambda event: "m" not in event.members, bound, what="the cut-off member gone")
@@ -267,18 +274,18 @@ def test_client_cut_off_from_running_server(
             subject.leaders.wait_for(lambda event: event.leader_id != "c", bound, since=told_mark)
         finally:
             proxy.heal()
-        healed = time.monotonic()
+        healed = prober.fault_ends()
         subject.states.wait_last(lambda state: state is SessionState.CONNECTED, bound, what="CONNECTED")
         record("heal -> client CONNECTED", time.monotonic() - healed)
-    owned = f"{ns}/owned"
-    written = other.storage.put(owned, b"new leader", fence=fence)
-    stale = subject.session.storage
-    _, error, seconds = timed_call(CALL_LIMIT, lambda: stale.update(owned, b"x", fence=subject.held))
-    assert isinstance(error, FencedError), error
-    record("stale fenced update -> FencedError", seconds)
-    assert other.storage.fetch(owned) == Versioned(b"new leader", written)
-    other.election(subject.service).resign("c-other")
-    recovered(subject, prober, bound, record, healed)
+        owned = f"{ns}/owned"
+        written = other.storage.put(owned, b"new leader", fence=fence)
+        stale = subject.session.storage
+        _, error, seconds = timed_call(CALL_LIMIT, lambda: stale.update(owned, b"x", fence=subject.held))
+        assert isinstance(error, FencedError), error
+        record("stale fenced update -> FencedError", seconds)
+        assert other.storage.fetch(owned) == Versioned(b"new leader", written)
+        other.election(subject.service).resign("c-other")
+        recovered(subject, prober, bound, record)
 
 
 @pytest.mark.requires_server
@@ -292,12 +299,13 @@ def test_connections_reset_briefly(
     subject = Subject(open_proxied(**FAULT_OPTIONS), ns)
     bound = loss_bound(subject.session.backend, SESSION_TIMEOUT)
     with subject.probe() as prober:
+        prober.fault_begins()
         proxy.drop()
         time.sleep(0.5)
         proxy.heal()
-        healed = time.monotonic()
+        prober.fault_ends()
         wait_until(lambda: timed_call(CALL_LIMIT, lambda: subject.session.storage.keys(ns))[0], bound)
-    recovered(subject, prober, bound, record, healed)
+        recovered(subject, prober, bound, record)
     assert not subject.lost(), f"a 0.5 s connection reset lost the session: {subject.states.events}"
 
 
@@ -313,14 +321,15 @@ def test_sqlite_writer_killed_mid_transaction(
     child.expect("READY", 30)
     bound = loss_bound(subject.session.backend, SESSION_TIMEOUT)
     with subject.probe() as prober:
+        prober.fault_begins()  # the lock is held from READY on
         time.sleep(1.0)
-        killed = time.monotonic()
         child.signal(signal.SIGKILL)
+        killed = prober.fault_ends()
         wait_until(
             lambda: timed_call(CALL_LIMIT, lambda: subject.session.storage.put(f"{ns}/k", b"k"))[0], bound
         )
         record("kill -> database writable", time.monotonic() - killed)
-    recovered(subject, prober, bound, record, killed)
+        recovered(subject, prober, bound, record)
 
 
 @pytest.mark.database_file
@@ -337,6 +346,7 @@ def test_sqlite_locked_longer_than_request_timeout(
     child.expect("READY", 30)
     bound = loss_bound(subject.session.backend, SESSION_TIMEOUT)
     with subject.probe() as prober:
+        prober.fault_begins()  # the lock is held from READY on
         _, error, seconds = timed_call(CALL_LIMIT, lambda: subject.session.storage.put(f"{ns}/blocked", b"x"))
         assert isinstance(error, OperationTimeoutError), error
         record("locked write -> OperationTimeoutError", seconds)
@@ -345,6 +355,6 @@ def test_sqlite_locked_longer_than_request_timeout(
         assert error is None and result == stored, (result, error)
         record("read while locked", seconds)
         child.expect("DONE", hold + 10)
-        released = time.monotonic()
-    assert subject.session.storage.fetch(f"{ns}/blocked") is None
-    recovered(subject, prober, bound, record, released)
+        prober.fault_ends()
+        assert subject.session.storage.fetch(f"{ns}/blocked") is None
+        recovered(subject, prober, bound, record)

@@ -90,6 +90,7 @@ def test_client_process_partitioned_by_the_network(
     child.send(f"PROBE_START {ns}/child")
 
     cut = time.monotonic()
+    child.send("PROBE_FAULT begins")
     netns.cut()
     try:
         members.wait_last(lambda event: "cut" not in event.members, bound, what="the cut-off member gone")
@@ -112,25 +113,31 @@ def test_client_process_partitioned_by_the_network(
     finally:
         netns.heal()
     healed = time.monotonic()
+    child.send("PROBE_FAULT ends")
     connected, _ = child.expect("STATE CONNECTED", bound, since=lost)
     record("heal -> cut-off client CONNECTED", child.arrivals[connected] - healed)
     members.wait_last(lambda event: "cut" in event.members, bound, what="the member re-joined")
     record("heal -> member back for others", time.monotonic() - healed)
 
-    _check_calls(child, mark, record)
+    _check_calls(child, mark, bound, record)
     _check_stale_writes_fenced(child, {"update": owned, "put": fresh}, bound, record)
     assert other.storage.fetch(owned) == stored
     assert other.storage.fetch(fresh) is None
 
 
-def _check_calls(child: WorkerProcess, since: int, timings: Record) -> None:
-    """Stop the child's prober: none of its calls blocked longer than request_timeout + 1 s."""
-    child.send("PROBE_STOP")
-    _, probed = child.expect("PROBED", CALL_LIMIT + 5, since=since)
-    assert probed.startswith("PROBED ok "), f"a call of the cut-off client stayed blocked: {probed}"
-    calls, longest, failures = probed.split()[2:]
+def _check_calls(child: WorkerProcess, since: int, bound: float, timings: Record) -> None:
+    """Stop the child's prober (``Prober.finish``): it never raised, none of its calls blocked longer
+    than request_timeout + 1 s, it was calling during the cut and every kind of call succeeded after."""
+    child.send(f"PROBE_STOP {bound}")
+    _, probed = child.expect("PROBED", bound + CALL_LIMIT + 5, since=since)
+    assert probed.startswith("PROBED ok "), f"the cut-off client's prober: {probed}\n{child.stderr_tail()}"
+    calls, longest, failures, during = probed.split()[2:]
     assert float(longest) <= CALL_LIMIT, f"a call of the cut-off client blocked {longest}s"
-    timings("longest call of the cut-off client", float(longest), note=f"{calls} calls; errors: {failures}")
+    timings(
+        "longest call of the cut-off client",
+        float(longest),
+        note=f"{calls} calls, {during} during the cut; errors: {failures}",
+    )
 
 
 def _check_stale_writes_fenced(

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 
 from consensus_api import KeySetChanged, Session, ValueChanged
-from consensus_api.conformance.helpers import QUIET_PERIOD, EventLog, SessionFactory, is_dispatch_thread
+from consensus_api.conformance.helpers import (
+    EventLog,
+    SessionFactory,
+    is_dispatch_thread,
+    quiet_period,
+    unique,
+)
 
 
 def _versions(log: EventLog[ValueChanged]) -> list[int]:
@@ -16,6 +22,21 @@ def _versions(log: EventLog[ValueChanged]) -> list[int]:
 def _assert_never_back(log: EventLog[ValueChanged]) -> None:
     versions = _versions(log)
     assert versions == sorted(versions), f"versions went back: {versions}"
+
+
+def _flowing(session: Session) -> Callable[[], None]:
+    """The positive control of a negative check: a write to a key of its own reaches a new value
+    listener of ``session``."""
+
+    def control() -> None:
+        key = f"{unique('ct-control')}/k"
+        log: EventLog[ValueChanged] = EventLog("control")
+        session.listeners.add_value_listener(key, log)
+        log.wait_count(1)
+        version = session.storage.put(key, b"control")
+        log.wait_for(lambda event: event.version == version, what="the control write")
+
+    return control
 
 
 def test_value_listener_first_event_reports_existing_value(session: Session, ns: str) -> None:
@@ -79,7 +100,7 @@ def test_value_burst_is_ordered_and_converges(session: Session, ns: str) -> None
     final = ValueChanged(key, stored.value, stored.version)
     log.wait_last(lambda event: event == final, what=f"convergence to {final}")
     _assert_never_back(log)
-    time.sleep(QUIET_PERIOD)
+    quiet_period(_flowing(session))
     assert log.events[-1] == final
 
 
@@ -146,7 +167,7 @@ def test_keyset_burst_converges(session: Session, ns: str) -> None:
     final = KeySetChanged(ns, session.storage.keys(ns))
     assert len(final.keys) == 13
     log.wait_last(lambda event: event == final, what="convergence to keys()")
-    time.sleep(QUIET_PERIOD)
+    quiet_period(_flowing(session))
     assert log.events[-1] == final
 
 
@@ -201,7 +222,7 @@ def test_remove_value_listener_stops_delivery(session: Session, ns: str) -> None
     kept.wait_for(lambda event: event.version == updated)
     session.storage.delete(key)
     kept.wait_last(lambda event: event.version is None)
-    time.sleep(QUIET_PERIOD)
+    quiet_period(_flowing(session))
     assert removed.events[count:] == []
 
 
@@ -213,7 +234,7 @@ def test_remove_last_listener_stops_delivery(session: Session, ns: str) -> None:
     log.wait_count(1)
     session.listeners.remove_value_listener(key, log)
     session.storage.put(key, b"unseen")
-    time.sleep(QUIET_PERIOD * 2)
+    quiet_period(_flowing(session))
     assert log.events == [ValueChanged(key, None, None)]
     again: EventLog[ValueChanged] = EventLog("again")
     session.listeners.add_value_listener(key, again)
@@ -232,5 +253,5 @@ def test_remove_keyset_listener_stops_delivery(session: Session, ns: str) -> Non
     count = len(removed)
     session.storage.put(f"{ns}/new", b"")
     kept.wait_for(lambda event: f"{ns}/new" in event.keys)
-    time.sleep(QUIET_PERIOD)
+    quiet_period(_flowing(session))
     assert removed.events[count:] == []

@@ -26,10 +26,12 @@ Commands:
     ``FENCED_PUT ok <version>``, ``FENCED_PUT fenced`` or
     ``FENCED_PUT error <class>``), ``FENCED put|update|delete KEY`` (the same
     write fenced by that leadership, timed: ``FENCED <op> ok|fenced|<error
-    class> <seconds>``), ``PROBE_START NS`` / ``PROBE_STOP`` (a
-    ``faults_support.Prober`` on keys under NS, then ``PROBED ok <calls>
-    <longest seconds> <error classes or ->`` or ``PROBED blocked <message>``)
-    and ``EXIT`` (close, print ``BYE``).
+    class> <seconds>``), ``PROBE_START NS``, ``PROBE_FAULT begins|ends`` and
+    ``PROBE_STOP BOUND`` (a ``faults_support.Prober`` on keys under NS, the
+    fault marked, then ``Prober.finish(BOUND)``: ``PROBED ok <calls> <longest
+    seconds> <error classes or -> <calls during the fault>`` or ``PROBED
+    failed <message>``, the whole message, with any traceback, on stderr) and
+    ``EXIT`` (close, print ``BYE``).
 ``sqlite-lock --hold S [--wipe]``
     no session: open the SQLite file of URL, ``BEGIN IMMEDIATE`` (the write
     lock), with ``--wipe`` delete every row of every table (uncommitted), print
@@ -187,8 +189,12 @@ def _run_hold(session: Session, commands: _Commands, args: argparse.Namespace) -
             _fenced_write(session, held, *argument.split(" ", 1))
         elif command == "PROBE_START" and prober is None:
             prober = Prober(session, argument, args.group, args.service).start()
+        elif command == "PROBE_FAULT" and prober is not None and argument == "begins":
+            prober.fault_begins()
+        elif command == "PROBE_FAULT" and prober is not None and argument == "ends":
+            prober.fault_ends()
         elif command == "PROBE_STOP" and prober is not None:
-            emit("PROBED", _stop_probing(prober))
+            emit("PROBED", _stop_probing(prober, float(argument)))
             prober = None
         else:
             emit("ERROR unknown command", command)
@@ -216,12 +222,14 @@ def _fenced_write(session: Session, held: Leadership | None, operation: str, key
     emit("FENCED", operation, outcome, f"{time.monotonic() - start:.3f}")
 
 
-def _stop_probing(prober: Prober) -> str:
+def _stop_probing(prober: Prober, bound: float) -> str:
     try:
-        prober.stop()
+        prober.finish(bound)
     except AssertionError as exc:
-        return f"blocked {exc}"
-    return f"ok {len(prober.calls)} {prober.longest():.3f} {','.join(sorted(prober.failures())) or '-'}"
+        print(f"PROBED failed: {exc}", file=sys.stderr, flush=True)
+        return f"failed {exc}"
+    failures = ",".join(sorted(prober.failures())) or "-"
+    return f"ok {len(prober.calls)} {prober.longest():.3f} {failures} {len(prober.during())}"
 
 
 def _run_sqlite_lock(url: str, commands: _Commands, hold: float, wipe: bool) -> int:
