@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from consensus_api import (
+    BackendUnavailableError,
     LeaderChanged,
     Leadership,
     OperationTimeoutError,
@@ -142,13 +143,14 @@ def test_sqlite_leader_frozen_holding_the_write_lock(
 ) -> None:
     """A leader frozen (SIGSTOP) inside a fenced write's transaction on SQLite, holding the write lock:
     SQLite cannot take a lock from a stopped process, so while it stays stopped every other write
-    fails with OperationTimeoutError within request_timeout + 1 s, naming the process that holds
-    the lock; reads go on; nobody takes over (the leadership stays); the other sessions go
-    SUSPENDED, then LOST (their leases cannot be renewed). Resumed, the frozen write commits at once
-    - it was decided before anyone else could write, so it lands before any takeover - then a leader
-    with a higher term is elected within the loss bound, the resumed leader's queued fenced writes
-    fail with FencedError and it is told (a LeaderChanged away from it, LOST), every session is
-    writable again, and no acknowledged write is lost."""
+    fails with OperationTimeoutError within request_timeout + 1 s, and a new session's connect with
+    BackendUnavailableError, both naming the process that holds the lock; reads go on; nobody takes
+    over (the leadership stays); the other sessions go SUSPENDED, then LOST (their leases cannot be
+    renewed). Resumed, the frozen write commits at once - it was decided before anyone else could
+    write, so it lands before any takeover - then a leader with a higher term is elected within the
+    loss bound, the resumed leader's queued fenced writes fail with FencedError and it is told (a
+    LeaderChanged away from it, LOST), every session is writable again, and no acknowledged write is
+    lost."""
     group, service = unique("ct-group"), unique("ct-service")
     contender, child, term, _ = _contended(open_session, spawn_worker, group, service)
     states: EventLog[tuple[SessionState, float]] = EventLog("state")  # with when it reached the listeners
@@ -168,6 +170,12 @@ def test_sqlite_leader_frozen_holding_the_write_lock(
         _, error, seconds = timed_call(CALL_LIMIT, lambda: contender.storage.fetch(keys["owned"]))
         assert error is None
         record("a read while frozen", seconds)
+        _, error, seconds = timed_call(
+            CALL_LIMIT, lambda: open_session(**{**FAULT_OPTIONS, "connect_timeout": 1})
+        )
+        assert isinstance(error, BackendUnavailableError), error
+        assert f"held by process {child.pid}" in str(error), error
+        record("connect while frozen -> BackendUnavailableError naming the holder", seconds)
         for state in (SessionState.SUSPENDED, SessionState.LOST):
             _, arrived = states.wait_for(lambda seen: seen[0] is state, bound, what=state.name)  # noqa: B023
             record(f"frozen -> others {state.name}", arrived - frozen)
