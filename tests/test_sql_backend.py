@@ -1,4 +1,5 @@
-"""SQL backend on SQLite (no server): when a killed session's ephemeral state goes."""
+"""SQL backend: when a killed session's ephemeral state goes (SQLite); how a transaction whose
+client stalls inside it is bounded (PostgreSQL) or reported (SQLite)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+import sqlalchemy
+
 import consensus_api as ca
-from consensus_api import MembershipChanged
+from consensus_api import MembershipChanged, OperationTimeoutError
+from consensus_api.config import Options, parse_url
 from consensus_api.conformance.worker import WorkerProcess
+from consensus_backends.sql.engine import create, is_retryable, sqlite_write_lock_holder, stall_limit
 
 SESSION_TIMEOUT = 12.0
 #: How late after the lease's expiry the member may leave: REAP_SLACK, one heartbeat transaction, the
@@ -61,3 +67,42 @@ def test_killed_session_leaves_as_its_lease_expires(tmp_path: Path) -> None:
             assert 0 <= late < REAP_BOUND, f"left {late:.3f} s after its lease expired"
     finally:
         child.close()
+
+
+def test_postgresql_ends_a_transaction_whose_client_stalls(postgresql_target: str) -> None:
+    """A transaction left idle past ``stall_limit`` is ended by the server (its locks go with it), with
+    an error the backend retries; no lock is waited for longer than twice that."""
+    settings = Options(session_timeout=3.0, request_timeout=6.0)
+    assert stall_limit(settings) == 1.0
+    engine = create(parse_url(postgresql_target)[0], settings)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == "2s"
+            assert conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar() == "1s"
+            conn.exec_driver_sql("SELECT 1")  # a transaction is open from here
+            time.sleep(stall_limit(settings) + 0.5)
+            with pytest.raises(sqlalchemy.exc.DBAPIError) as ended:
+                conn.exec_driver_sql("SELECT 1")
+        assert ended.value.connection_invalidated
+        assert is_retryable(ended.value), ended.value
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_names_the_process_holding_the_write_lock(tmp_path: Path) -> None:
+    """A write blocked by another process's write lock fails after request_timeout naming that process."""
+    url = f"sqlite:///{tmp_path / 'locked.db'}"
+    with ca.connect(url, request_timeout=0.5, session_timeout=30) as session:
+        session.storage.put("k", b"v")
+        assert sqlite_write_lock_holder(str(tmp_path / "locked.db")) is None
+        holder = WorkerProcess(url, "sqlite-lock", ["--hold", "30"], {})
+        try:
+            holder.expect("READY", 30)
+            assert sqlite_write_lock_holder(str(tmp_path / "locked.db")) == holder.pid
+            with pytest.raises(OperationTimeoutError, match=f"held by process {holder.pid}"):
+                session.storage.put("blocked", b"x")
+            assert session.storage.fetch("k") is not None  # reads go on (WAL)
+        finally:
+            holder.close()
+        assert sqlite_write_lock_holder(str(tmp_path / "locked.db")) is None
+        session.storage.put("after", b"x")

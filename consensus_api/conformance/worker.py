@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import signal
 import sqlite3
 import sys
 import threading
@@ -67,6 +68,15 @@ from consensus_api.conformance.helpers import EVENT_TIMEOUT
 from consensus_api.session import Session
 
 _print_lock = threading.Lock()
+
+#: Test hook of the SQL backend: its next fenced write stops this process inside its transaction.
+STOP_IN_FENCED_WRITE = "CONSENSUS_TEST_STOP_IN_FENCED_WRITE"
+#: The backends that read it.
+HOOKED_BACKENDS = ("sqlite", "postgresql")
+#: Elsewhere, how long after a write began the process stops itself (its request is then in flight),
+#: and how many writes it tries before giving up (one that finished sooner is not frozen).
+IN_FLIGHT = 0.0002
+FREEZE_ATTEMPTS = 50
 
 
 def emit(*parts: object) -> None:
@@ -187,6 +197,8 @@ def _run_hold(session: Session, commands: _Commands, args: argparse.Namespace) -
                 emit("FENCED_PUT ok", version)
         elif command == "FENCED":
             _fenced_write(session, held, *argument.split(" ", 1))
+        elif command == "FREEZE_IN_WRITE":
+            _freeze_in_write(session, held, *argument.split(" ", 1))
         elif command == "PROBE_START" and prober is None:
             prober = Prober(session, argument, args.group, args.service).start()
         elif command == "PROBE_FAULT" and prober is not None and argument == "begins":
@@ -203,7 +215,60 @@ def _run_hold(session: Session, commands: _Commands, args: argparse.Namespace) -
     return 0
 
 
+def _freeze_in_write(session: Session, held: Leadership | None, operation: str, key: str) -> None:
+    """A fenced write during which this process stops (SIGSTOP) until the parent resumes it.
+
+    On SQL backends it stops inside the write's transaction, after its
+    statements and before its commit, holding its locks (the backend's test
+    hook). Elsewhere the write runs in a thread and the process stops
+    ``IN_FLIGHT`` seconds after the call began if it is still running (its
+    request in flight); a write that finished sooner is tried again, up to
+    ``FREEZE_ATTEMPTS`` times. Reported once resumed as ``FROZE <op> <outcome>
+    <seconds>`` (``FROZE <op> never-in-flight 0`` if no attempt was caught).
+    """
+    if session.backend in HOOKED_BACKENDS:
+        os.environ[STOP_IN_FENCED_WRITE] = "1"
+        emit("FROZE", operation, *_fenced_outcome(session, held, operation, key))
+        return
+    limit = session.settings.request_timeout + EVENT_TIMEOUT
+    for _ in range(FREEZE_ATTEMPTS):
+        began = threading.Event()
+        ended: list[tuple[str, str]] = []
+        writer = threading.Thread(
+            target=_outcome_into, args=(ended, began, session, held, operation, key), daemon=True
+        )
+        writer.start()
+        began.wait(limit)
+        time.sleep(IN_FLIGHT)
+        stopped = writer.is_alive()
+        if stopped:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        writer.join(limit)
+        if stopped:
+            emit("FROZE", operation, *(ended[0] if ended else ("unfinished", "-")))
+            return
+    emit("FROZE", operation, "never-in-flight", 0)
+
+
+def _outcome_into(  # noqa: PLR0917
+    ended: list[tuple[str, str]],
+    began: threading.Event,
+    session: Session,
+    held: Leadership | None,
+    operation: str,
+    key: str,
+) -> None:
+    """``_fenced_outcome`` appended to ``ended``; ``began`` is set first (a thread's target)."""
+    began.set()
+    ended.append(_fenced_outcome(session, held, operation, key))
+
+
 def _fenced_write(session: Session, held: Leadership | None, operation: str, key: str) -> None:
+    emit("FENCED", operation, *_fenced_outcome(session, held, operation, key))
+
+
+def _fenced_outcome(session: Session, held: Leadership | None, operation: str, key: str) -> tuple[str, str]:
+    """A write fenced by ``held``: ``ok``, ``fenced`` or the error class, and the seconds it took."""
     storage = session.storage
     start = time.monotonic()
     try:
@@ -218,8 +283,8 @@ def _fenced_write(session: Session, held: Leadership | None, operation: str, key
         outcome = "fenced"
     except ConsensusError as exc:
         outcome = type(exc).__name__
-        print(f"FENCED {operation} {key}: {outcome}: {exc}", file=sys.stderr, flush=True)
-    emit("FENCED", operation, outcome, f"{time.monotonic() - start:.3f}")
+        print(f"fenced {operation} {key}: {outcome}: {exc}", file=sys.stderr, flush=True)
+    return outcome, f"{time.monotonic() - start:.3f}"
 
 
 def _stop_probing(prober: Prober, bound: float) -> str:

@@ -7,13 +7,25 @@ while any session lives a dead one's members and candidates go when its lease
 expires (``session_timeout`` after its last renewal) plus ``REAP_SLACK`` and
 one transaction; every transaction that writes starts with the database's
 write lock (SQLite ``BEGIN IMMEDIATE``) or locks the rows it decides on
-(PostgreSQL), so fenced writes and elections are atomic.
+(PostgreSQL), so fenced writes and elections are atomic. A transaction spans
+nothing but its own statements (no callback, no other I/O), so it holds its
+locks for as long as its statements run, unless its process stalls inside it:
+PostgreSQL then ends it after ``engine.stall_limit``; SQLite cannot, and every
+write waits until that process resumes or dies (calls fail with
+``OperationTimeoutError`` naming the holder, sessions go SUSPENDED, then LOST).
+
+Test hook: with ``$CONSENSUS_TEST_STOP_IN_FENCED_WRITE`` set, the next fenced
+write unsets it and stops its own process (SIGSTOP) after its statements,
+before its commit: how the conformance suite freezes a client inside a
+transaction. Nothing else reads it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+import signal
 import threading
 import time
 import uuid
@@ -61,6 +73,9 @@ REAP_SLACK = 0.01
 
 #: Keys per page of ``walk``.
 WALK_PAGE = 500
+
+#: The test hook of the module docstring.
+STOP_IN_FENCED_WRITE = "CONSENSUS_TEST_STOP_IN_FENCED_WRITE"
 
 
 class SQLBackend(Backend):
@@ -254,7 +269,7 @@ class SQLBackend(Backend):
                     time.sleep(RETRY_PAUSE)
                     continue
                 raise BackendUnavailableError(
-                    f"cannot reach {self.url.redacted()}: {describe_error(exc)}"
+                    f"cannot reach {self.url.redacted()}: {describe_error(exc, self._engine)}"
                 ) from None
             except sqlalchemy.exc.TimeoutError:
                 raise OperationTimeoutError(
@@ -270,6 +285,8 @@ class SQLBackend(Backend):
                             if fence is not None:
                                 ephemeral.check_fence(conn, self._tables, fence)
                             result = work(conn)
+                            if fence is not None and os.environ.pop(STOP_IN_FENCED_WRITE, None) is not None:
+                                os.kill(os.getpid(), signal.SIGSTOP)
                             committing = True
                         return result
                     finally:  # before the connection goes back to the pool, where another call may take it
@@ -283,7 +300,7 @@ class SQLBackend(Backend):
                 if (stale or is_retryable(exc)) and time.monotonic() + RETRY_PAUSE < deadline:
                     time.sleep(RETRY_PAUSE)
                     continue
-                reason = "no answer within request_timeout" if cut else describe_error(exc)
+                reason = "no answer within request_timeout" if cut else describe_error(exc, self._engine)
                 raise OperationTimeoutError(
                     f"{self.name} did not complete the call ({reason}); its effect is unknown"
                 ) from None
@@ -323,6 +340,8 @@ class SQLBackend(Backend):
                 log.debug("heartbeat failed: %s", exc)
                 lapsed = time.monotonic() - last_renewal > ttl
                 lost = lapsed or self._beat_state is SessionState.LOST
+                if lapsed and self._beat_state is not SessionState.LOST:
+                    log.warning("the session is lost: no renewal for session_timeout; the last try: %s", exc)
                 self._report(SessionState.LOST if lost else SessionState.SUSPENDED)
                 continue
             if next_expiry is None:

@@ -2,7 +2,11 @@
 
 SQLite runs in WAL mode with a busy timeout of ``request_timeout``; write
 transactions begin with ``BEGIN IMMEDIATE`` so they take the write lock up
-front. PostgreSQL gets ``statement_timeout`` = ``request_timeout``, and two
+front. PostgreSQL gets ``statement_timeout`` = ``request_timeout``; a
+transaction whose client stalls inside it (a frozen process) is ended by the
+server after ``stall_limit`` (``idle_in_transaction_session_timeout``), which
+releases its locks, and no lock is waited for longer than twice that
+(``lock_timeout``; ``lock_not_available`` is retried). It also gets two
 client-side bounds, because a paused server or a network that stopped
 delivering answers nothing while TCP keeps the connection up (so neither
 ``statement_timeout`` nor TCP can end the wait): a new connection gets at
@@ -19,6 +23,7 @@ import itertools
 import math
 import os
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +36,9 @@ from sqlalchemy import URL, Engine, create_engine, event
 from consensus_api.config import BackendURL, Options
 from consensus_api.errors import ConfigurationError
 
-_RETRYABLE_SQLSTATES = {"40001", "40P01"}  # serialization failure, deadlock
+#: Serialization failure, deadlock, lock wait past ``lock_timeout``, and a transaction the server
+#: ended because its client stalled inside it: each was rolled back as a whole.
+_RETRYABLE_SQLSTATES = {"40001", "40P01", "55P03", "25P03"}
 
 
 def create(url: BackendURL, settings: Options) -> Engine:
@@ -194,6 +201,30 @@ def _require_psycopg() -> None:
         )
 
 
+def stall_limit(settings: Options) -> float:
+    """Seconds a PostgreSQL transaction may sit idle before the server ends it (rolled back, locks freed).
+
+    A third of the shorter of ``session_timeout`` and ``request_timeout``: our
+    transactions never wait on anything but their own statements, so only a
+    stalled client (SIGSTOP, a VM or GC pause) comes near it; its locks are then
+    free before its lease can lapse (renewed every ``session_timeout / 3``), so
+    reaping it and electing the next leader never wait for them, and a call
+    queued behind them still completes within its ``request_timeout``.
+    """
+    return min(settings.session_timeout, settings.request_timeout) / 3
+
+
+def _server_options(settings: Options) -> str:
+    """The ``-c`` settings every PostgreSQL connection starts with, in ms (at least 1: 0 disables)."""
+    stall = stall_limit(settings)
+    values = {
+        "statement_timeout": settings.request_timeout,
+        "idle_in_transaction_session_timeout": stall,
+        "lock_timeout": 2 * stall,
+    }
+    return " ".join(f"-c {name}={max(1, round(seconds * 1000))}" for name, seconds in values.items())
+
+
 def _postgresql(url: BackendURL, settings: Options) -> Engine:
     _require_psycopg()
     if not url.endpoints:
@@ -219,7 +250,7 @@ def _postgresql(url: BackendURL, settings: Options) -> Engine:
         ),
         connect_args={
             "connect_timeout": max(1, round(settings.connect_timeout)),
-            "options": f"-c statement_timeout={round(settings.request_timeout * 1000)}",
+            "options": _server_options(settings),
         },
         pool_size=8,
         max_overflow=24,
@@ -245,11 +276,44 @@ def _postgresql(url: BackendURL, settings: Options) -> Engine:
 
 
 def is_retryable(exc: sqlalchemy.exc.DBAPIError) -> bool:
-    """True when the transaction was rolled back and may be run again (deadlock, serialization)."""
+    """True when the transaction was rolled back as a whole and may run again (``_RETRYABLE_SQLSTATES``)."""
     return getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES
 
 
-def describe_error(exc: sqlalchemy.exc.DBAPIError) -> str:
-    """The driver's one-line message, without SQL text or parameters."""
+def describe_error(exc: sqlalchemy.exc.DBAPIError, engine: Engine) -> str:
+    """The driver's one-line message, without SQL text or parameters; for SQLite's "database is
+    locked", with the process holding the write lock when the system shows it."""
     text = str(exc.orig).strip().splitlines()
-    return text[0] if text else type(exc.orig).__name__
+    message = text[0] if text else type(exc.orig).__name__
+    if getattr(exc.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY and engine.url.database:
+        holder = sqlite_write_lock_holder(engine.url.database)
+        if holder is not None:
+            message += f"; its write lock is held by process {holder}"
+    return message
+
+
+#: The byte of the ``-shm`` file SQLite locks for writing in WAL mode (``WAL_WRITE_LOCK``).
+WAL_WRITE_LOCK_BYTE = 120
+
+
+def sqlite_write_lock_holder(database: str) -> int | None:
+    """The id of the process holding the write lock of SQLite ``database`` (WAL mode), or None.
+
+    Read from ``/proc/locks`` (Linux; None elsewhere), never by opening the
+    ``-shm`` file: closing it would drop this process's own POSIX locks on it.
+    """
+    try:
+        shm = os.stat(f"{database}-shm")
+        with open("/proc/locks", encoding="ascii") as table:
+            lines = table.read().splitlines()
+    except OSError:
+        return None
+    inode = f"{os.major(shm.st_dev):02x}:{os.minor(shm.st_dev):02x}:{shm.st_ino}"
+    for line in lines:
+        fields = line.split()
+        if len(fields) != 8 or fields[3] != "WRITE" or fields[5] != inode:  # blocked waiters have 9
+            continue
+        start, end = int(fields[6]), fields[7]
+        if start <= WAL_WRITE_LOCK_BYTE and (end == "EOF" or int(end) >= WAL_WRITE_LOCK_BYTE):
+            return int(fields[4])
+    return None
