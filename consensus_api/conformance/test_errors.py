@@ -7,6 +7,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -23,8 +24,9 @@ from consensus_api import (
     Session,
     ValueTooLargeError,
 )
-from consensus_api.config import BackendURL, Endpoint, parse_url
+from consensus_api.config import parse_url
 from consensus_api.conformance.helpers import unique
+from consensus_api.conformance.profile import profile_for
 
 MIB = 1024 * 1024
 
@@ -83,20 +85,12 @@ def _free_port() -> int:
 
 
 def _unreachable(url: str, workdir: Path, password: str | None = None) -> str:
-    """The tested URL's scheme, path and credentials at a place nobody serves.
-
-    For SQLite: a database path below a regular file, which no one can create.
-    With ``password``, the URL carries it (and a user name if it had none).
-    """
-    parsed, _ = parse_url(url)
-    username = parsed.username or ("ct-user" if password else None)
-    password = password or parsed.password
-    if parsed.scheme == "sqlite":
-        blocker = workdir / "not-a-directory"
-        blocker.write_bytes(b"a file where the database's directory should be")
-        auth = f"{username}:{password}@" if password else ""
-        return f"sqlite://{auth}/{blocker}/sub/ct.db"
-    moved = BackendURL(parsed.scheme, (Endpoint("127.0.0.1", _free_port()),), parsed.path, username, password)
+    """The tested URL where nobody serves it (the backend's test profile says where), keeping scheme
+    and path. With ``password``, the URL carries it (and a user name if it had none)."""
+    parsed = parse_url(url)[0]
+    moved = profile_for(parsed).unreachable_url(parsed, workdir)
+    if password is not None:
+        moved = replace(moved, username=moved.username or "ct-user", password=password)
     return moved.unredacted()
 
 
@@ -321,9 +315,7 @@ def test_credentials_never_appear_in_errors(consensus_url: str, tmp_path: Path) 
 def _with_password(url: str, secret: str) -> str:
     """The tested URL with ``secret`` as its password (and a user name if it had none)."""
     parsed, query = parse_url(url)
-    if parsed.scheme == "sqlite":
-        return f"sqlite://ct-user:{secret}@{parsed.path}"
-    moved = BackendURL(parsed.scheme, parsed.endpoints, parsed.path, parsed.username or "ct-user", secret)
+    moved = replace(parsed, username=parsed.username or "ct-user", password=secret)
     return moved.unredacted() + (f"?{urlencode(query)}" if query else "")
 
 

@@ -4,8 +4,9 @@ server, clients cut off by the network, SQLite files locked and written by kille
 Every test states its guarantee in its docstring; the bounds are in ``faults_support``
 (``loss_bound``: session_timeout + the backend's detection delay + scheduling slack; calls:
 request_timeout + 1 s). Tests marked ``requires_server`` run where the suite controls a server
-process (``--consensus-control``), ``database_file`` ones on SQLite only; the rest everywhere.
-What they measure is recorded (the ``record`` fixture) and summarised in docs/guarantees.md.
+process (``--consensus-control``), ``database_file`` ones on SQLite only, ``session_expiry`` where
+the backend's test profile has a server-side expiry; the rest everywhere.
+What they measure is recorded (the ``consensus_record`` fixture) and summarised in docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -44,9 +46,11 @@ from consensus_api.conformance.faults_support import (
 )
 from consensus_api.conformance.helpers import EventLog, SessionFactory, unique, wait_until
 from consensus_api.conformance.plugin import WorkerFactory
-from consensus_api.testing import ServerHandle
 from consensus_api.testing.faults import expire_session
 from consensus_api.testing.proxy import TcpProxy
+
+if TYPE_CHECKING:
+    from consensus_api.testing import ServerHandle
 
 #: How long a paused server stays paused: past the session timeout and past a call's limit.
 PAUSE = max(SESSION_TIMEOUT, CALL_LIMIT) + 0.5
@@ -87,7 +91,7 @@ def test_killed_client_is_replaced(
     child, term = leading_child(spawn_worker, group, "doomed", service)
     assert contender.election(service).nominate("c-next") is False
     members, leaders = watch_child(observer, group, service, "doomed")
-    bound = loss_bound(observer.backend, SESSION_TIMEOUT)
+    bound = loss_bound(observer, SESSION_TIMEOUT)
 
     killed = time.monotonic()
     child.signal(signal.SIGKILL)
@@ -116,7 +120,7 @@ def test_paused_leader_is_fenced_and_told(
     leaders.wait_for(lambda event: event.leader_id == "c-paused", what="the child as leader")
     shared, owned, fresh = f"{ns}/shared", f"{ns}/owned", f"{ns}/fresh"
     contender.storage.put(shared, b"before the pause")
-    bound = loss_bound(contender.backend, SESSION_TIMEOUT)
+    bound = loss_bound(contender, SESSION_TIMEOUT)
     writes = [("update", shared), ("delete", owned), ("put", fresh)]
 
     child.signal(signal.SIGSTOP)
@@ -165,7 +169,7 @@ def test_server_killed_and_restarted(
     write is lost; listeners converge to the stored state; member and leadership are back (re-joined,
     with a higher term, if the session was LOST)."""
     subject = Subject(open_session(**FAULT_OPTIONS), ns)
-    bound = loss_bound(subject.session.backend, SESSION_TIMEOUT)
+    bound = loss_bound(subject.session, SESSION_TIMEOUT)
     mark = len(subject.states)
     with subject.probe() as prober:
         killed = time.monotonic()
@@ -191,7 +195,7 @@ def test_server_paused_and_resumed(
     goes SUSPENDED, then CONNECTED or LOST-then-CONNECTED; no call blocks longer than request_timeout
     + 1 s meanwhile; no acknowledged write is lost; listeners converge; member and leadership are back."""
     subject = Subject(open_session(**FAULT_OPTIONS), ns)
-    bound = loss_bound(subject.session.backend, SESSION_TIMEOUT)
+    bound = loss_bound(subject.session, SESSION_TIMEOUT)
     with subject.probe() as prober:
         paused = time.monotonic()
         server.pause()
@@ -208,6 +212,7 @@ def test_server_paused_and_resumed(
     record("longest call during the fault", prober.longest())
 
 
+@pytest.mark.session_expiry
 def test_server_side_session_expiry(open_session: SessionFactory, ns: str, record: Record) -> None:
     """The server ends the session (ZooKeeper: closed by a duplicate client; etcd: lease revoked; SQL:
     lease row expired; Kafka: members removed from their groups): its candidacy is gone - the other
@@ -218,7 +223,7 @@ def test_server_side_session_expiry(open_session: SessionFactory, ns: str, recor
     assert other.election(subject.service).nominate("c-other") is False
     leaders: EventLog[LeaderChanged] = EventLog("other's leader")
     other.election(subject.service).add_listener(leaders)
-    bound = loss_bound(other.backend, SESSION_TIMEOUT)
+    bound = loss_bound(other, SESSION_TIMEOUT)
     with subject.probe() as prober:
         expired = time.monotonic()
         expire_session(subject.session)
@@ -250,7 +255,7 @@ def test_client_cut_off_from_running_server(
     members: EventLog[MembershipChanged] = EventLog("other's members")
     other.group(subject.group).add_listener(members)
     members.wait_for(lambda event: "m" in event.members, what="the subject as member")
-    bound = loss_bound(other.backend, SESSION_TIMEOUT)
+    bound = loss_bound(other, SESSION_TIMEOUT)
     told_mark = len(subject.leaders)
     with subject.probe() as prober:
         cut = time.monotonic()
@@ -290,7 +295,7 @@ def test_connections_reset_briefly(
     same term - no call blocks longer than request_timeout + 1 s, no acknowledged write is lost and
     listeners converge."""
     subject = Subject(open_proxied(**FAULT_OPTIONS), ns)
-    bound = loss_bound(subject.session.backend, SESSION_TIMEOUT)
+    bound = loss_bound(subject.session, SESSION_TIMEOUT)
     with subject.probe() as prober:
         proxy.drop()
         time.sleep(0.5)
@@ -311,7 +316,7 @@ def test_sqlite_writer_killed_mid_transaction(
     subject = Subject(open_session(**FAULT_OPTIONS), ns)
     child = spawn_worker("sqlite-lock", "--hold", "60", "--wipe")
     child.expect("READY", 30)
-    bound = loss_bound(subject.session.backend, SESSION_TIMEOUT)
+    bound = loss_bound(subject.session, SESSION_TIMEOUT)
     with subject.probe() as prober:
         time.sleep(1.0)
         killed = time.monotonic()
@@ -335,7 +340,7 @@ def test_sqlite_locked_longer_than_request_timeout(
     hold = CALL_LIMIT + 1
     child = spawn_worker("sqlite-lock", "--hold", str(hold))
     child.expect("READY", 30)
-    bound = loss_bound(subject.session.backend, SESSION_TIMEOUT)
+    bound = loss_bound(subject.session, SESSION_TIMEOUT)
     with subject.probe() as prober:
         _, error, seconds = timed_call(CALL_LIMIT, lambda: subject.session.storage.put(f"{ns}/blocked", b"x"))
         assert isinstance(error, OperationTimeoutError), error

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from consensus_api.backend import Backend, BackendEvents, Target
 from consensus_api.config import BackendURL, OptionParser, Options
@@ -26,6 +26,9 @@ from consensus_backends.zookeeper.storage import Storage
 from consensus_backends.zookeeper.txn import ensure
 from consensus_backends.zookeeper.walk import walk
 from consensus_backends.zookeeper.watches import Watches
+
+if TYPE_CHECKING:
+    from consensus_api.conformance.profile import TestProfile
 
 
 class ZooKeeperBackend(Backend):
@@ -146,6 +149,13 @@ class ZooKeeperBackend(Backend):
         change, and this session's reads never go back (the client reconnects only to servers
         at least as recent as it has seen)."""
         return self._change_reader
+
+    @classmethod
+    def test_profile(cls, url: BackendURL) -> TestProfile:
+        """``consensus_backends.zookeeper.profile``."""
+        from consensus_backends.zookeeper import profile  # noqa: PLC0415 - only tests need it
+
+        return profile.ZOOKEEPER
 
     def fault_identity(self) -> dict[str, object]:
         """The ZooKeeper session: ``{"session_id": int, "password": hex}`` (tests only)."""
