@@ -33,6 +33,7 @@ from typing import Any
 
 from consensus_api.config import BackendURL, Endpoint, parse_url
 from consensus_api.errors import ConfigurationError
+from consensus_api.testing import SERVER_NAMES
 
 #: What a test marked with each marker needs; a profile may declare any of them not applicable.
 MARKERS: Mapping[str, str] = {
@@ -51,9 +52,11 @@ class TestProfile:
     """How the conformance suite tests one backend (for one URL scheme).
 
     ``name``: the backend's name in reports and timings (``Session.backend``).
-    ``server``: the ``consensus_api.testing`` launcher that starts its server
-    (``consensus servers run NAME``); the control file the fault tests read must
-    be for it. None when the backend has no server process.
+    ``server``: the ``consensus_api.testing`` launcher (``SERVER_NAMES``) that
+    starts its server (``consensus servers run NAME``); the control file the
+    fault tests read must be for it. None when the backend has no server process
+    (or none a launcher starts): then ``requires_server`` must be declared not
+    applicable.
     ``detection_delay(session_timeout)``: seconds the backend may add to
     ``session_timeout`` before others see a dead session's members and
     candidacies gone (the fault tests allow this plus scheduling slack).
@@ -80,6 +83,11 @@ class TestProfile:
             raise ConfigurationError(
                 f"test profile {self.name!r} declares unknown markers not applicable: {sorted(unknown)}; "
                 f"known: {', '.join(MARKERS)}"
+            )
+        if self.server is not None and self.server not in SERVER_NAMES:
+            raise ConfigurationError(
+                f"test profile {self.name!r} names the server {self.server!r}, which no launcher starts; "
+                f"known: {', '.join(SERVER_NAMES)}"
             )
         if self.server is None and "requires_server" not in self.not_applicable:
             raise ConfigurationError(
