@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     import pytest
 
 SUITE = "consensus_api.conformance"
-PLUGIN = "consensus_api.conformance"
+#: The plugin module itself: this module imported the package already (SECTIONS), too late for pytest to
+#: rewrite its assertions, which ``-p consensus_api.conformance`` would warn about.
+PLUGIN = "consensus_api.conformance.plugin"
 EXTRA = "conformance"
 KINDS = ("passed", "failed", "skipped")
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
