@@ -9,7 +9,7 @@ fault tools (``consensus_api.testing.faults``), ``consensus servers`` and
 
     PROFILE = TestProfile(
         name="mystore",
-        server="mystore",  # the consensus_api.testing launcher of its server; None: no server process
+        server="postgresql",  # the consensus_api.testing launcher of its server; None: none
         detection_delay=lambda session_timeout: 1.0,
         expire_session=expire_on_server,  # (url, Backend.fault_identity(), timeout) -> None
         unreachable_url=moved_to_free_port,
@@ -121,7 +121,8 @@ def profile_for(url: str | BackendURL) -> TestProfile:
 
 
 def moved_to_free_port(url: BackendURL, workdir: Path) -> BackendURL:
-    """``url`` with a single endpoint: a loopback port nothing listens on (for server backends)."""
+    """``url`` with a single endpoint: a loopback port nothing listens on (for server backends; an
+    ``unreachable_url`` that needs no ``workdir``)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
