@@ -40,9 +40,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from consensus_api.config import BackendURL, OptionParser, Options
+from consensus_api.errors import ConfigurationError
 from consensus_api.model import Leadership, SessionState, Versioned
 
 if TYPE_CHECKING:
+    from consensus_api.conformance.profile import TestProfile
     from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
 
 
@@ -203,7 +205,20 @@ class Backend(ABC):
         """
         return None
 
-    # Fault injection (tests only)
+    # Testing (the conformance suite and the fault tools only)
+
+    @classmethod
+    def test_profile(cls, url: BackendURL) -> TestProfile:
+        """How the conformance suite tests this backend at ``url``: its server launcher, detection
+        delay, server-side session expiry, an unreachable URL and what does not apply
+        (``consensus_api.conformance.profile``). Import the profile module here, lazily: it is
+        only needed by tests. The default raises ``ConfigurationError``: a backend without a
+        profile cannot be certified.
+        """
+        raise ConfigurationError(
+            f"the {cls.__name__} backend ({url.scheme}://) declares no test profile: define "
+            "test_profile() (see docs/backend-guide.md)"
+        )
 
     def fault_identity(self) -> Mapping[str, object]:
         """What names this client's current session *on the server*, for fault-injection tests.

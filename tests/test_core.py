@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from importlib.metadata import EntryPoint
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -125,14 +125,40 @@ def test_connect_uses_config_file_options(tmp_path: Path, monkeypatch: pytest.Mo
     assert (tmp_path / "c.db").exists()
 
 
-def test_unknown_scheme_and_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An unknown scheme names the known ones; a backend whose import fails names its extra."""
+def test_unknown_scheme_and_missing_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An unknown scheme names the known ones; a backend whose import fails names the distribution that
+    provides its entry point, with the entry point's extra (ours, or a third party's)."""
     with pytest.raises(ca.ConfigurationError, match="known schemes"):
         registry.load_backend("nosuch")
-    broken = EntryPoint("broken", "no_such_module_xyz:Backend [zookeeper]", registry.GROUP)
-    monkeypatch.setattr(registry, "_entry_points", lambda: {"broken": broken})
-    with pytest.raises(ca.ConfigurationError, match=r"pip install 'consensus-api\[zookeeper\]'"):
-        registry.load_backend("broken")
+    ours = next(ep for ep in entry_points(group=registry.GROUP) if ep.name == "postgresql")
+    assert registry.install_hint(ours) == "pip install 'consensus-api[postgresql]'"
+    info = tmp_path / "their_dist-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: their-dist\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        f"[{registry.GROUP}]\ntheirs = their_missing_module_xyz:Backend [fast]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry._entry_points.cache_clear()
+    monkeypatch.setattr(registry, "_entry_points", registry._entry_points.__wrapped__)
+    with pytest.raises(ca.ConfigurationError, match=r"pip install 'their-dist\[fast\]'"):
+        registry.load_backend("theirs")
+
+
+def test_register_validates_at_once_and_wins_over_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    """register() rejects a bad scheme or target before any use; a registered scheme serves URLs (and
+    replaces an entry point of the same name); a target that is not a Backend is refused on use."""
+    monkeypatch.setattr(registry, "_registered", {})
+    for scheme, target in (("Bad Scheme", "m:C"), ("9x", "m:C"), ("ok", "no colon"), ("ok", "m:")):
+        with pytest.raises(ca.ConfigurationError):
+            registry.register(scheme, target)
+    assert registry._registered == {}
+    registry.register("kafka", "consensus_backends.sql:SQLBackend")
+    assert registry.load_backend("kafka").__name__ == "SQLBackend"
+    registry.register("mystore", "consensus_api.errors:ConfigurationError")
+    assert "mystore" in registry.schemes()
+    with pytest.raises(ca.ConfigurationError, match="not name a Backend subclass"):
+        registry.load_backend("mystore")
 
 
 def test_every_builtin_scheme_is_registered() -> None:

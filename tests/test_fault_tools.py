@@ -1,5 +1,5 @@
-"""The fault tools of consensus_api.testing: the TCP proxy, network namespaces and server control files
-(no mocks)."""
+"""The fault tools of consensus_api.testing: the TCP proxy, network namespaces, server control files and
+the backends' test profiles (no mocks)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from consensus_api import registry
+from consensus_api.config import parse_url
+from consensus_api.conformance.profile import TestProfile, moved_to_free_port, profile_for
+from consensus_api.errors import ConfigurationError
 from consensus_api.testing import ServerHandle, start_server
 from consensus_api.testing._process import HOST
 from consensus_api.testing.etcd import probe
@@ -278,3 +282,60 @@ def test_an_exception_in_a_prober_fails_its_fault_test(tmp_path: Path) -> None:
     control = _fault_test(tmp_path)
     assert control.returncode == 0, control.stdout + control.stderr
     assert "1 passed" in control.stdout, control.stdout
+
+
+@pytest.mark.parametrize(
+    ("url", "server", "declared"),
+    [
+        ("sqlite:///x.db", None, {"requires_server"}),
+        ("postgresql://u@127.0.0.1:5432/db", "postgresql", {"database_file"}),
+        ("zk://127.0.0.1:2181/ct", "zookeeper", {"database_file"}),
+        ("etcd://127.0.0.1:2379/ct", "etcd", {"database_file"}),
+        ("kafka://127.0.0.1:9092/ct", "kafka", {"database_file"}),
+    ],
+)
+def test_every_builtin_backend_declares_its_profile(
+    url: str, server: str | None, declared: set[str], tmp_path: Path
+) -> None:
+    """Each built-in backend's profile names its launcher, a positive detection delay, a server-side
+    expirer, and exactly the markers that do not apply, with reasons; its unreachable URL keeps the
+    scheme and moves away from where the URL points."""
+    profile = profile_for(url)
+    assert (profile.server, set(profile.not_applicable)) == (server, declared)
+    assert all(profile.not_applicable.values())
+    assert profile.detection_delay(3.0) > 0 and profile.expire_session is not None
+    parsed = parse_url(url)[0]
+    moved = profile.unreachable_url(parsed, tmp_path)
+    assert moved.scheme == parsed.scheme and moved != parsed
+
+
+def test_unreachable_sqlite_database_cannot_be_created(tmp_path: Path) -> None:
+    """SQLite's unreachable URL puts the database below a regular file."""
+    parsed = parse_url(f"sqlite:///{tmp_path / 'ct.db'}")[0]
+    moved = profile_for(parsed).unreachable_url(parsed, tmp_path)
+    assert Path(moved.path[1:]).parent.parent.is_file()
+
+
+def test_a_profile_that_does_not_add_up_is_refused() -> None:
+    """Unknown markers, a server no launcher starts, no server or no expirer without the matching
+    not-applicable declaration: ConfigurationError when the profile is built."""
+    good = {"name": "mine", "detection_delay": lambda timeout: 1.0, "unreachable_url": moved_to_free_port}
+    for bad in (
+        {"server": "postgresql", "expire_session": None, "not_applicable": {}},
+        {"server": None, "expire_session": lambda u, i, t: None, "not_applicable": {}},
+        {"server": "mystore", "expire_session": lambda u, i, t: None, "not_applicable": {}},
+        {"server": "etcd", "expire_session": lambda u, i, t: None, "not_applicable": {"no_such": "x"}},
+    ):
+        with pytest.raises(ConfigurationError):
+            TestProfile(**good, **bad)  # type: ignore[arg-type]
+    TestProfile(**good, server=None, expire_session=None,  # type: ignore[arg-type]
+                not_applicable={"requires_server": "none", "session_expiry": "none"})  # fmt: skip
+
+
+def test_a_backend_without_a_profile_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend that declares no test profile gets a ConfigurationError naming the guide, never a
+    default."""
+    monkeypatch.setattr(registry, "_registered", {})
+    registry.register("noprofile", "consensus_api.backend:Backend")
+    with pytest.raises(ConfigurationError, match="declares no test profile"):
+        profile_for("noprofile://127.0.0.1:1/ct")

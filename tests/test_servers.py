@@ -17,9 +17,10 @@ from kafka.errors import KafkaError
 from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
-from consensus_api.testing import SERVER_NAMES, ServerHandle, expire_zookeeper_session, start_server
+from consensus_api.testing import SERVER_NAMES, ServerHandle, start_server
 from consensus_api.testing._process import launch, tcp_request
 from consensus_api.testing.etcd import probe as etcd_probe
+from consensus_backends.zookeeper.profile import expire_zookeeper_session
 
 
 def _gone(pid: int) -> bool:

@@ -31,10 +31,11 @@ from consensus_api import (
     Versioned,
 )
 from consensus_api.conformance.helpers import EventLog, wait_until
-from consensus_api.testing import ServerHandle, expire_zookeeper_session, start_server
+from consensus_api.testing import ServerHandle, start_server
 from consensus_api.testing._process import HOST, free_port, launch, tcp_request
 from consensus_backends.zookeeper import ZooKeeperBackend
 from consensus_backends.zookeeper.paths import decode_name, encode_name
+from consensus_backends.zookeeper.profile import expire_zookeeper_session
 
 MIB = 1024 * 1024
 JAVA = Path("/usr/share/java")

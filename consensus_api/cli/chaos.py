@@ -10,7 +10,8 @@ from rich.table import Table
 
 from consensus_api.cli._common import err_console, expand_url, out_console, require_extra
 from consensus_api.history.nemesis import FAULTS
-from consensus_api.history.runner import SERVERS, ChaosOptions, run_chaos
+from consensus_api.history.runner import ChaosOptions, run_chaos
+from consensus_api.testing import STORE_NAMES
 
 
 def _faults(text: str) -> frozenset[str]:
@@ -22,7 +23,7 @@ def _faults(text: str) -> frozenset[str]:
 @click.argument("url", required=False)
 @click.option(
     "--server",
-    type=click.Choice(SERVERS),
+    type=click.Choice(STORE_NAMES),
     default=None,
     help="Start this server (sqlite: a fresh temp file) and run against it; then URL is omitted.",
 )

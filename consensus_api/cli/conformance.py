@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import sys
 from collections import Counter
@@ -15,13 +16,17 @@ from rich.text import Text
 
 from consensus_api.cli._common import EXIT_FAILURE, err_console, out_console, resolved_url
 from consensus_api.conformance import SECTIONS
+from consensus_api.errors import ConfigurationError
 from consensus_api.session import connect
 
 if TYPE_CHECKING:
     import pytest
 
 SUITE = "consensus_api.conformance"
-PLUGIN_MODULE = "consensus_api.conformance.plugin"
+#: The plugin module itself: this module imported the package already (SECTIONS), too late for pytest to
+#: rewrite its assertions, which ``-p consensus_api.conformance`` would warn about.
+PLUGIN = "consensus_api.conformance.plugin"
+EXTRA = "conformance"
 KINDS = ("passed", "failed", "skipped")
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
 
@@ -45,7 +50,7 @@ class Collector:
     teardown counts as failed, a skip in setup as skipped. A module that
     fails to import counts as one failed test of its section. Tests the
     plugin did not collect because they do not apply to the backend are
-    counted as ``not_applicable``, with the reason.
+    counted as ``not_applicable``, with the reason (only what the backend's test profile declares).
     """
 
     outcomes: dict[str, str] = field(default_factory=dict)
@@ -89,6 +94,10 @@ class Collector:
             result.setdefault(name, Section()).seconds = seconds
         return dict(sorted(result.items()))
 
+    def not_applicable_list(self) -> list[dict[str, str]]:
+        """Every test that did not apply: ``{"test": node id, "reason": why}``, in collection order."""
+        return [{"test": nodeid, "reason": reason} for nodeid, reason in self.not_applicable.items()]
+
     def reasons(self) -> dict[str, int]:
         """How many tests did not apply, per reason."""
         return dict(sorted(Counter(self.not_applicable.values()).items()))
@@ -123,7 +132,7 @@ def run_suite(url: str, select: str | None, quiet: bool) -> tuple[int, Collector
     """Run the suite against ``url``; pytest's output goes to stderr when ``quiet``."""
     args = [
         "-p",
-        PLUGIN_MODULE,
+        PLUGIN,
         "--pyargs",
         SUITE,
         f"--consensus-url={url}",
@@ -156,13 +165,16 @@ def conformance(url: str | None, url_option: str | None, as_json: bool, select: 
 
     URL may reference environment variables ('$CONSENSUS_URL'); without a URL the
     default resolution applies. Exit 1 if any test failed or was skipped, or none ran.
-    Tests that do not apply to the backend (fault tests that need a server
-    process the suite controls, SQLite-file faults) are not run and are listed
-    as not applicable with the reason; the fault tests find the server's
-    control file in $CONSENSUS_CONTROL, which `consensus servers run` sets.
+    Tests the backend's test profile declares not applicable (e.g. server faults
+    on SQLite, which has no server process) are not run and are listed with the
+    reason; any other reason a test cannot run is a failure. The fault tests find
+    the server's control file in $CONSENSUS_CONTROL, which `consensus servers run`
+    sets. Needs pytest (the 'conformance' extra).
     """
     if url is not None and url_option is not None:
         raise click.UsageError("give the URL either as argument or with --url, not both")
+    if importlib.util.find_spec("pytest") is None:
+        raise ConfigurationError(f"the conformance suite needs pytest: pip install 'consensus-api[{EXTRA}]'")
     full_url = resolved_url(url if url is not None else url_option)
     with connect(full_url) as session:
         backend = session.backend
@@ -173,8 +185,7 @@ def conformance(url: str | None, url_option: str | None, as_json: bool, select: 
         summary = {
             "backend": backend,
             **totals,
-            "not_applicable": sum(s.not_applicable for s in sections.values()),
-            "not_applicable_reasons": collector.reasons(),
+            "not_applicable": collector.not_applicable_list(),
             "sections": {
                 name: {
                     "passed": s.passed,
@@ -228,4 +239,4 @@ def _print_report(
                 line.append(f" - {collector.messages[nodeid]}", style="dim")
             console.print(line, soft_wrap=True)
     for reason, count in collector.reasons().items():
-        console.print(Text(f"{count} test(s) {reason}", style="dim"), soft_wrap=True)
+        console.print(Text(f"{count} test(s) not applicable: {reason}", style="dim"), soft_wrap=True)

@@ -20,8 +20,8 @@ from rich.text import Text
 from consensus_api import config
 from consensus_api.cli._common import err_console, expand_env
 from consensus_api.errors import ConfigurationError
+from consensus_api.testing import STORE_NAMES, require_launchers, start_store
 
-NAMES = ("sqlite", "postgresql", "zookeeper", "etcd", "kafka")
 CONTROL_ENV = "CONSENSUS_CONTROL"
 _COMMAND_KEY = "consensus.servers.command"
 
@@ -32,20 +32,6 @@ class _Server(Protocol):
     def stop(self) -> None: ...
 
     def write_control(self, path: Path) -> None: ...
-
-
-class _SQLiteFile:
-    """``sqlite``: no server, a fresh database file in a temp dir."""
-
-    def __init__(self) -> None:
-        self.directory = Path(tempfile.mkdtemp(prefix="consensus-sqlite-"))
-        self.url = f"sqlite:///{self.directory / 'consensus.db'}"
-
-    def stop(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-    def write_control(self, path: Path) -> None:
-        """A database file has no process to control: no control file."""
 
 
 class _SplitAtDashes(click.Command):
@@ -65,7 +51,7 @@ def servers() -> None:
 
 
 @servers.command("run", cls=_SplitAtDashes)
-@click.argument("names", nargs=-1, required=True, type=click.Choice(NAMES))
+@click.argument("names", nargs=-1, required=True, type=click.Choice(STORE_NAMES))
 @click.pass_context
 def run(ctx: click.Context, names: tuple[str, ...]) -> None:
     """Start the servers NAMES, run COMMAND, stop the servers, exit with COMMAND's status.
@@ -80,12 +66,14 @@ def run(ctx: click.Context, names: tuple[str, ...]) -> None:
     CONSENSUS_CONTROL when exactly one is named. At the end the servers are
     stopped, also one that COMMAND restarted.
     'sqlite' means a fresh temp database file, no server and no control file.
+    Starting a server needs the 'testing' extra (a ConfigurationError, exit 2, names it).
     """
     command: list[str] = ctx.meta.get(_COMMAND_KEY, [])
     if not command:
         raise click.UsageError("missing COMMAND: consensus servers run NAME... -- COMMAND...")
     if len(set(names)) != len(names):
         raise click.UsageError("each server may be named once")
+    require_launchers(names)
     try:
         with _sigterm_raises(), _started(names) as (urls, controls):
             exports = {f"CONSENSUS_{name.upper()}_URL": url for name, url in urls.items()}
@@ -136,16 +124,8 @@ def _started(names: Sequence[str]) -> Iterator[tuple[dict[str, str], dict[str, P
 
 
 def _start(name: str) -> _Server:
-    if name == "sqlite":
-        return _SQLiteFile()
     try:
-        from consensus_api.testing import start_server  # noqa: PLC0415 - needs the test extra
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"starting {name} needs the test tools ({exc.name or exc}): pip install 'consensus-api[test]'"
-        ) from None
-    try:
-        server: _Server = start_server(name)
+        server: _Server = start_store(name)
     except (RuntimeError, ValueError) as exc:
         raise ConfigurationError(f"could not start {name}: {exc}") from None
     return server

@@ -4,14 +4,13 @@ Nothing here imports pytest. The bounds the fault tests assert are defined
 here, in one place, and documented in ``docs/guarantees.md``:
 
 * a dead or cut-off client's ephemeral state is gone, for observers, within
-  ``session_timeout + detection_delay(backend)`` (+ ``SCHEDULING_SLACK``);
+  ``session_timeout`` + the detection delay of the backend's test profile (+ ``SCHEDULING_SLACK``);
 * no API call blocks longer than ``request_timeout + CALL_SLACK`` during a fault.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 import traceback
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from consensus_api.conformance.helpers import EventLog, unique, wait_until
+from consensus_api.conformance.profile import profile_for
 from consensus_api.errors import ConsensusError
 from consensus_api.model import (
     KeySetChanged,
@@ -60,35 +60,10 @@ class Record(Protocol):
 SCHEDULING_SLACK = 2.0
 
 
-def detection_delay(backend: str, session_timeout: float) -> float:
-    """What ``backend`` adds to ``session_timeout`` before others see a dead session's state gone.
-
-    * sqlite, postgresql: a lapsed lease is reaped at the next heartbeat of any
-      session (every ``session_timeout / 3``), then listeners are told
-      (PostgreSQL NOTIFY; SQLite polls every 25 ms);
-    * zookeeper: the server expires sessions on tick boundaries (``tickTime``
-      500 ms on the test server): up to two ticks;
-    * etcd: the lease TTL is ``session_timeout`` rounded up to whole seconds,
-      and the server checks for expired leases every 500 ms;
-    * kafka: the coordinator expires the member after ``session_timeout``;
-      the remaining candidates need a heartbeat (``session_timeout / 6``, at
-      most 1 s) to notice the rebalance, a JoinGroup/SyncGroup round and a
-      claim through the command log.
-    """
-    if backend in ("sqlite", "postgresql"):
-        return session_timeout / 3 + 0.5
-    if backend == "zookeeper":
-        return 1.0
-    if backend == "etcd":
-        return math.ceil(session_timeout) - session_timeout + 1.0
-    if backend == "kafka":
-        return min(1.0, session_timeout / 6) + 1.5
-    return 2.0
-
-
-def loss_bound(backend: str, session_timeout: float) -> float:
-    """The bound the fault tests give a loss to show: timeout + detection delay + scheduling slack."""
-    return session_timeout + detection_delay(backend, session_timeout) + SCHEDULING_SLACK
+def loss_bound(session: Session, session_timeout: float) -> float:
+    """The bound the fault tests give a loss to show: ``session_timeout`` + the detection delay the
+    test profile of ``session``'s backend declares + ``SCHEDULING_SLACK``."""
+    return session_timeout + profile_for(session.url).detection_delay(session_timeout) + SCHEDULING_SLACK
 
 
 @dataclass

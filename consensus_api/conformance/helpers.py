@@ -29,7 +29,7 @@ DISPATCH_THREAD_PREFIX = "consensus-dispatch"
 
 
 class SessionFactory(Protocol):
-    """``open_session(**options)``: a new session with the suite's defaults; closed at teardown."""
+    """``consensus_open_session(**options)``: a new session with the suite's defaults; closed at teardown."""
 
     def __call__(self, **options: Any) -> Session: ...
 

@@ -1,25 +1,29 @@
-"""The pytest plugin of the conformance suite: the ``--consensus-url`` option and the fixtures.
+"""The pytest plugin of the conformance suite: the ``--consensus-*`` options and the ``consensus_*`` fixtures.
 
-Loaded in every pytest run through the ``pytest11`` entry point, it only adds
-options and fixtures; without ``--consensus-url`` (or ``$CONSENSUS_URL``) a
-test that needs a backend fails with a message naming the option. A project
-may also override the ``consensus_url`` fixture in its own ``conftest.py``.
+Opt-in: ``pytest -p consensus_api.conformance`` or ``pytest_plugins =
+["consensus_api.conformance"]`` in a ``conftest.py`` (``consensus conformance``
+loads it itself). It adds options and fixtures only; without
+``--consensus-url`` (or ``$CONSENSUS_URL``) a test that needs a backend fails
+with a message naming the option. A project may override the ``consensus_url``
+fixture in its own ``conftest.py``.
 
-Fixtures: ``consensus_url``, ``consensus_options``, ``open_session(**options)``,
-``session``, ``shared_session`` (one per module, for tests that only validate
-arguments), ``ns`` (a unique key namespace per test),
-``spawn_worker(command, *args, **options)`` (a child process, see ``worker.py``),
-``server`` (a ``consensus_api.testing.ServerHandle`` on the tested server, from
-the control file ``--consensus-control`` names) and ``record`` (a fault test's timings).
+Fixtures: ``consensus_url``, ``consensus_options``, ``consensus_profile`` (the
+backend's ``TestProfile``), ``consensus_open_session(**options)``,
+``consensus_session``, ``consensus_shared_session`` (one per module, for tests
+that only validate arguments), ``consensus_ns`` (a unique key namespace per
+test), ``consensus_spawn_worker(command, *args, **options)`` (a child process,
+see ``worker.py``), ``consensus_server`` (a ``consensus_api.testing.ServerHandle``
+on the tested server, from the control file ``--consensus-control`` names) and
+``consensus_record`` (a fault test's timings).
 
-Which tests apply depends on the backend: a test marked ``requires_server``
-needs a server process the suite controls (not SQLite, whose "server" is a
-file; and not an external server without a control file); one marked
-``database_file`` applies to SQLite only; one marked ``network_namespace``
-needs Linux network namespaces (root and iproute2,
-``consensus_api.testing.netns``). Tests that do not apply are not
-collected (deselected, never skipped) and the run lists them with the reason
-("not applicable").
+Which tests apply is declared by the backend's test profile
+(``consensus_api.conformance.profile``): a test carrying a marker of
+``MARKERS`` (``requires_server``, ``database_file``, ``network_namespace``,
+``session_expiry``) that the profile declares not applicable is deselected
+(never skipped) and listed with the profile's reason. Nothing else deselects a
+test: a test that cannot run for another reason - no control file, one that
+names another server or port, no network namespaces on this machine - fails
+with the reason.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import consensus_api
 from consensus_api.config import ENV_URL, parse_url
 from consensus_api.conformance.faults_support import Record, TimingLog
 from consensus_api.conformance.helpers import SessionFactory
+from consensus_api.conformance.profile import MARKERS, TestProfile, profile_for
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.errors import ConfigurationError
 from consensus_api.session import Session
@@ -52,18 +57,7 @@ TIMINGS_OPTION = "--consensus-timings"
 CONTROL_ENV = "CONSENSUS_CONTROL"
 TIMINGS_ENV = "CONSENSUS_TIMINGS"
 
-#: Which test server serves a URL scheme (``consensus_api.testing``); SQLite has a file, not a server.
-SERVER_OF_SCHEME = {
-    "postgresql": "postgresql",
-    "postgresql+psycopg": "postgresql",
-    "zookeeper": "zookeeper",
-    "zk": "zookeeper",
-    "etcd": "etcd",
-    "kafka": "kafka",
-}
-FILE_SCHEMES = ("sqlite",)
-
-#: Node ids of the tests that do not apply to the tested backend, and why.
+#: Node ids of the tests the backend's profile declares not applicable, and why.
 NOT_APPLICABLE = pytest.StashKey[dict[str, str]]()
 TIMINGS = pytest.StashKey[TimingLog]()
 
@@ -77,7 +71,7 @@ MISSING_URL = (
 
 
 class WorkerFactory(Protocol):
-    """``spawn_worker(command, *args, **options)``: a child worker, killed at teardown."""
+    """``consensus_spawn_worker(command, *args, **options)``: a child worker, killed at teardown."""
 
     def __call__(self, command: str, *args: str, **options: object) -> WorkerProcess: ...
 
@@ -117,11 +111,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "requires_server: needs a server process the suite controls (not SQLite, not external)"
-    )
-    config.addinivalue_line("markers", "database_file: applies to a database file (SQLite) only")
-    config.addinivalue_line("markers", "network_namespace: needs Linux network namespaces (root, iproute2)")
+    for marker, needs in MARKERS.items():
+        config.addinivalue_line("markers", f"{marker}: needs {needs}, unless the backend's profile says not")
     path = config.getoption("consensus_timings", None) or os.environ.get(TIMINGS_ENV)
     config.stash[TIMINGS] = TimingLog(Path(path) if path else None)
     config.stash[NOT_APPLICABLE] = {}
@@ -136,12 +127,11 @@ def _control_path(config: pytest.Config, server: str) -> str | None:
     return path or None
 
 
-def _control_problem(config: pytest.Config, url: str) -> str | None:
+def _control_problem(config: pytest.Config, url: str, profile: TestProfile) -> str | None:
     """Why the fault tests cannot control the server behind ``url``, or None if they can."""
-    scheme = url.partition("://")[0].lower()
-    server = SERVER_OF_SCHEME.get(scheme)
+    server = profile.server
     if server is None:
-        return f"no test server is known for {scheme}:// URLs"
+        return f"the {profile.name} backend's test profile names no server"
     path = _control_path(config, server)
     if path is None:
         return (
@@ -161,47 +151,22 @@ def _control_problem(config: pytest.Config, url: str) -> str | None:
     return None
 
 
-def _namespace_problem() -> str | None:
-    """Why tests cannot run clients in network namespaces here, or None if they can."""
-    try:
-        from consensus_api.testing.netns import why_unavailable  # noqa: PLC0415 - needs the test extra
-    except ImportError as exc:
-        return f"network namespaces need pip install 'consensus-api[test]' ({exc})"
-    reason = why_unavailable()
-    return None if reason is None else f"no network namespaces here: {reason}"
-
-
-def _not_applicable(
-    item: pytest.Item, url: str, control_problem: str | None, namespace_problem: str | None
-) -> str | None:
-    scheme = url.partition("://")[0].lower()
-    is_file = scheme in FILE_SCHEMES
-    if item.get_closest_marker("database_file") is not None and not is_file:
-        return "not applicable: a database-file fault (SQLite only)"
-    if item.get_closest_marker("requires_server") is not None:
-        if is_file:
-            return "not applicable: SQLite has no server process"
-        if control_problem is not None:
-            return f"not applicable: {control_problem}"
-    if item.get_closest_marker("network_namespace") is not None and namespace_problem is not None:
-        return f"not applicable: {namespace_problem}"
-    return None
+def _markers(item: pytest.Item) -> set[str]:
+    return {marker.name for marker in item.iter_markers() if marker.name in MARKERS}
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m: only what was selected is counted
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect (never skip) the tests that do not apply to the tested backend, with the reason."""
+    """Deselect (never skip) the tests the backend's profile declares not applicable, with the reason."""
     url = _configured_url(config)
     if url is None:
         return  # the tests fail with the missing-URL message
-    needs_control = any(item.get_closest_marker("requires_server") for item in items)
-    problem = _control_problem(config, url) if needs_control else None
-    needs_namespace = any(item.get_closest_marker("network_namespace") for item in items)
-    namespace_problem = _namespace_problem() if needs_namespace else None
+    try:
+        profile = profile_for(url)
+    except ConfigurationError:
+        return  # every test fails with the reason (the consensus_profile fixture)
     reasons = {
-        item.nodeid: reason
-        for item in items
-        if (reason := _not_applicable(item, url, problem, namespace_problem))
+        item.nodeid: reason for item in items if (reason := profile.reason_not_applicable(_markers(item)))
     }
     if not reasons:
         return
@@ -210,12 +175,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [item for item in items if item.nodeid not in reasons]
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that applies but whose environment is missing fails with the reason (never skips)."""
+    markers = _markers(item)
+    url = _configured_url(item.config)
+    if "requires_server" in markers and url is not None:
+        try:
+            problem = _control_problem(item.config, url, profile_for(url))
+        except ConfigurationError as exc:
+            problem = str(exc)
+        if problem is not None:
+            pytest.fail(f"this test needs a controlled server: {problem}", pytrace=False)
+    if "network_namespace" in markers:
+        try:
+            from consensus_api.testing.netns import why_unavailable  # noqa: PLC0415 - Linux only
+        except ImportError as exc:
+            pytest.fail(f"network namespaces are unavailable: {exc}", pytrace=False)
+        reason = why_unavailable()
+        if reason is not None:
+            pytest.fail(f"this test needs network namespaces: {reason}", pytrace=False)
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     reasons = config.stash.get(NOT_APPLICABLE, {})
     if reasons:
-        terminalreporter.section("consensus-api: tests that do not apply to this backend")
+        terminalreporter.section("consensus-api: tests the backend's profile declares not applicable")
         for reason, count in sorted(Counter(reasons.values()).items()):
-            terminalreporter.line(f"{count} test(s) {reason}")
+            terminalreporter.line(f"{count} test(s) not applicable: {reason}")
     timings = config.stash.get(TIMINGS, None)
     if timings is not None and timings.timings:
         terminalreporter.section("consensus-api: fault timings")
@@ -241,7 +227,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def _configured_url(config: pytest.Config) -> str | None:
-    url: str | None = config.getoption("consensus_url") or os.environ.get(ENV_URL)
+    url: str | None = config.getoption("consensus_url", None) or os.environ.get(ENV_URL)
     return url or None
 
 
@@ -270,9 +256,21 @@ def consensus_options(pytestconfig: pytest.Config, consensus_url: str) -> dict[s
     return options
 
 
+@pytest.fixture(scope="session")
+def consensus_profile(consensus_url: str) -> TestProfile:
+    """The tested backend's test profile (``Backend.test_profile``); fails when it declares none."""
+    try:
+        return profile_for(consensus_url)
+    except ConfigurationError as exc:
+        pytest.fail(f"{URL_OPTION}: {exc}", pytrace=False)
+
+
 @pytest.fixture
-def open_session(consensus_url: str, consensus_options: dict[str, object]) -> Iterator[SessionFactory]:
-    """``open_session(**options)`` opens a session on the tested backend; all are closed at teardown."""
+def consensus_open_session(
+    consensus_url: str, consensus_options: dict[str, object]
+) -> Iterator[SessionFactory]:
+    """``consensus_open_session(**options)`` opens a session on the tested backend; all are closed at
+    teardown."""
     sessions: list[Session] = []
 
     def factory(**options: Any) -> Session:
@@ -285,13 +283,13 @@ def open_session(consensus_url: str, consensus_options: dict[str, object]) -> It
 
 
 @pytest.fixture
-def session(open_session: SessionFactory) -> Session:
+def consensus_session(consensus_open_session: SessionFactory) -> Session:
     """A session on the tested backend with the suite's defaults."""
-    return open_session()
+    return consensus_open_session()
 
 
 @pytest.fixture(scope="module")
-def shared_session(consensus_url: str, consensus_options: dict[str, object]) -> Iterator[Session]:
+def consensus_shared_session(consensus_url: str, consensus_options: dict[str, object]) -> Iterator[Session]:
     """One session for a whole module, for tests that only check argument validation."""
     opened = consensus_api.connect(consensus_url, **consensus_options)
     yield opened
@@ -299,14 +297,17 @@ def shared_session(consensus_url: str, consensus_options: dict[str, object]) -> 
 
 
 @pytest.fixture
-def ns() -> str:
+def consensus_ns() -> str:
     """A key namespace no other test uses, so no test depends on (or wipes) shared state."""
     return f"ct/{uuid.uuid4().hex}"
 
 
 @pytest.fixture
-def spawn_worker(consensus_url: str, consensus_options: dict[str, object]) -> Iterator[WorkerFactory]:
-    """``spawn_worker(command, *args, **options)`` starts a child worker; every one is killed at teardown."""
+def consensus_spawn_worker(
+    consensus_url: str, consensus_options: dict[str, object]
+) -> Iterator[WorkerFactory]:
+    """``consensus_spawn_worker(command, *args, **options)`` starts a child worker; every one is killed
+    at teardown."""
     workers: list[WorkerProcess] = []
 
     def factory(command: str, *args: str, **options: object) -> WorkerProcess:
@@ -320,44 +321,44 @@ def spawn_worker(consensus_url: str, consensus_options: dict[str, object]) -> It
 
 
 @pytest.fixture
-def record(pytestconfig: pytest.Config, request: pytest.FixtureRequest, consensus_url: str) -> Record:
-    """``record(measure, seconds)``: keep a timing of this test for the summary and the JSON file
-    (``--consensus-timings``)."""
-    scheme = consensus_url.partition("://")[0].lower()
-    backend = SERVER_OF_SCHEME.get(scheme, scheme)
+def consensus_record(
+    pytestconfig: pytest.Config, request: pytest.FixtureRequest, consensus_profile: TestProfile
+) -> Record:
+    """``consensus_record(measure, seconds)``: keep a timing of this test for the summary and the JSON
+    file (``--consensus-timings``)."""
     timings = pytestconfig.stash[TIMINGS]
 
     def record(measure: str, seconds: float, note: str = "") -> None:
-        timings.record(backend, request.node.name, measure, seconds, note)
+        timings.record(consensus_profile.name, request.node.name, measure, seconds, note)
 
     return record
 
 
 @pytest.fixture(scope="session")
-def controlled_server(pytestconfig: pytest.Config, consensus_url: str) -> ServerHandle:
+def consensus_controlled_server(
+    pytestconfig: pytest.Config, consensus_url: str, consensus_profile: TestProfile
+) -> ServerHandle:
     """The tested server, from its control file; fails (never skips) when there is none."""
-    problem = _control_problem(pytestconfig, consensus_url)
+    problem = _control_problem(pytestconfig, consensus_url, consensus_profile)
     if problem is not None:
         pytest.fail(f"this test needs a controlled server: {problem}", pytrace=False)
-    server = SERVER_OF_SCHEME[consensus_url.partition("://")[0].lower()]
-    path = _control_path(pytestconfig, server)
+    assert consensus_profile.server is not None
+    path = _control_path(pytestconfig, consensus_profile.server)
     assert path is not None
-    try:
-        from consensus_api.testing import ServerHandle  # noqa: PLC0415 - needs the test extra
-    except ImportError as exc:
-        pytest.fail(f"controlling a server needs pip install 'consensus-api[test]' ({exc})", pytrace=False)
+    from consensus_api.testing import ServerHandle  # noqa: PLC0415 - needs the testing extra
+
     return ServerHandle.attach(Path(path))
 
 
 @pytest.fixture
-def server(controlled_server: ServerHandle) -> Iterator[ServerHandle]:
+def consensus_server(consensus_controlled_server: ServerHandle) -> Iterator[ServerHandle]:
     """The tested server (pause, resume, kill, restart); running and ready again after the test."""
-    yield controlled_server
-    controlled_server.resume()
-    if controlled_server.running():
-        controlled_server.wait_ready(60)
+    yield consensus_controlled_server
+    consensus_controlled_server.resume()
+    if consensus_controlled_server.running():
+        consensus_controlled_server.wait_ready(60)
     else:
-        controlled_server.restart(90)
+        consensus_controlled_server.restart(90)
 
 
 def _close_all(sessions: list[Session]) -> None:

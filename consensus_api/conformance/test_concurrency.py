@@ -57,10 +57,12 @@ def _start_all(workers: list[WorkerProcess]) -> None:
         worker.send("GO")
 
 
-def test_racing_put_from_threads_has_one_winner(open_session: SessionFactory, ns: str) -> None:
+def test_racing_put_from_threads_has_one_winner(
+    consensus_open_session: SessionFactory, consensus_ns: str
+) -> None:
     """8 threads with 8 sessions put one key at once: exactly one wins, the others get KeyExistsError."""
-    key = f"{ns}/race"
-    sessions = [open_session() for _ in range(8)]
+    key = f"{consensus_ns}/race"
+    sessions = [consensus_open_session() for _ in range(8)]
     results = _race(sessions, lambda each, index: each.storage.put(key, str(index).encode()))
     winners = [index for index, result in enumerate(results) if isinstance(result, int)]
     losers = [result for result in results if isinstance(result, KeyExistsError)]
@@ -70,32 +72,36 @@ def test_racing_put_from_threads_has_one_winner(open_session: SessionFactory, ns
     assert stored.version == results[winners[0]]
 
 
-def test_one_session_shared_by_threads(session: Session, ns: str) -> None:
+def test_one_session_shared_by_threads(consensus_session: Session, consensus_ns: str) -> None:
     """8 threads sharing one session put distinct keys at once; every put succeeds."""
-    results = _race([session] * 8, lambda each, index: each.storage.put(f"{ns}/k{index}", b"v"))
+    results = _race(
+        [consensus_session] * 8, lambda each, index: each.storage.put(f"{consensus_ns}/k{index}", b"v")
+    )
     assert all(isinstance(result, int) for result in results), results
-    assert session.storage.keys(ns) == {f"{ns}/k{index}" for index in range(8)}
+    assert consensus_session.storage.keys(consensus_ns) == {f"{consensus_ns}/k{index}" for index in range(8)}
 
 
 def test_racing_put_from_processes_has_one_winner(
-    open_session: SessionFactory, spawn_worker: WorkerFactory, ns: str
+    consensus_open_session: SessionFactory, consensus_spawn_worker: WorkerFactory, consensus_ns: str
 ) -> None:
     """4 processes put one key at once: exactly one wins, the others get KeyExistsError."""
-    key = f"{ns}/race"
-    workers = [spawn_worker("put", key) for _ in range(4)]
+    key = f"{consensus_ns}/race"
+    workers = [consensus_spawn_worker("put", key) for _ in range(4)]
     _start_all(workers)
     results = [worker.expect("RESULT", RUN_TIMEOUT)[1] for worker in workers]
     winners = [each for each, result in zip(workers, results, strict=True) if result.startswith("RESULT won")]
     assert len(winners) == 1, results
     assert sum(result == "RESULT exists" for result in results) == 3, results
-    stored = open_session().storage.fetch(key)
+    stored = consensus_open_session().storage.fetch(key)
     assert stored is not None and stored.value == str(winners[0].pid).encode()
 
 
-def test_cas_increments_from_threads_lose_no_update(open_session: SessionFactory, ns: str) -> None:
+def test_cas_increments_from_threads_lose_no_update(
+    consensus_open_session: SessionFactory, consensus_ns: str
+) -> None:
     """4 threads (two sessions each shared by two) do 25 CAS increments each: the counter ends at 100."""
-    key = f"{ns}/counter"
-    first, second = open_session(), open_session()
+    key = f"{consensus_ns}/counter"
+    first, second = consensus_open_session(), consensus_open_session()
     first.storage.put(key, b"0")
     results = _race([first, first, second, second], lambda each, _: _increment(each, key, 25))
     assert all(isinstance(result, int) for result in results), results
@@ -104,13 +110,13 @@ def test_cas_increments_from_threads_lose_no_update(open_session: SessionFactory
 
 
 def test_cas_increments_from_processes_lose_no_update(
-    open_session: SessionFactory, spawn_worker: WorkerFactory, ns: str
+    consensus_open_session: SessionFactory, consensus_spawn_worker: WorkerFactory, consensus_ns: str
 ) -> None:
     """3 processes do 15 CAS increments each on one counter: it ends at 45."""
-    key = f"{ns}/counter"
-    session = open_session()
+    key = f"{consensus_ns}/counter"
+    session = consensus_open_session()
     session.storage.put(key, b"0")
-    workers = [spawn_worker("cas", key, "15") for _ in range(3)]
+    workers = [consensus_spawn_worker("cas", key, "15") for _ in range(3)]
     _start_all(workers)
     results = [worker.expect("RESULT", RUN_TIMEOUT)[1] for worker in workers]
     assert all(result.startswith("RESULT done") for result in results), results
@@ -118,10 +124,10 @@ def test_cas_increments_from_processes_lose_no_update(
     assert stored is not None and int(stored.value) == 45
 
 
-def test_racing_join_of_one_id_has_one_winner(open_session: SessionFactory) -> None:
+def test_racing_join_of_one_id_has_one_winner(consensus_open_session: SessionFactory) -> None:
     """4 sessions join one member id at once: exactly one joins, the others get MemberExistsError."""
     name = unique("ct-group")
-    sessions = [open_session() for _ in range(4)]
+    sessions = [consensus_open_session() for _ in range(4)]
     results = _race(sessions, lambda each, index: each.group(name).join("same", str(index).encode()))
     winners = [index for index, result in enumerate(results) if result is None]
     assert len(winners) == 1, results
@@ -129,10 +135,10 @@ def test_racing_join_of_one_id_has_one_winner(open_session: SessionFactory) -> N
     assert sessions[0].group(name).membership() == {"same": str(winners[0]).encode()}
 
 
-def test_racing_nominations_elect_exactly_one(open_session: SessionFactory) -> None:
+def test_racing_nominations_elect_exactly_one(consensus_open_session: SessionFactory) -> None:
     """4 sessions nominate at once: exactly one nominate returns True and that candidate leads."""
     service = unique("ct-service")
-    sessions = [open_session() for _ in range(4)]
+    sessions = [consensus_open_session() for _ in range(4)]
     results = _race(sessions, lambda each, index: each.election(service).nominate(f"c{index}"))
     assert all(isinstance(result, bool) for result in results), results
     leaders = [index for index, result in enumerate(results) if result is True]

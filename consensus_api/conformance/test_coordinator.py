@@ -86,10 +86,12 @@ def _leader_view(
     raise AssertionError(f"no member ran perform_assignment for generation {generation}")
 
 
-def test_single_member_leads_and_assigns(session: Session) -> None:
+def test_single_member_leads_and_assigns(consensus_session: Session) -> None:
     """One member: prepare(-1, ''), perform_assignment as leader, complete; on the coordinator thread."""
     handler = RecordingHandler((("p1", b"meta-1"),))
-    coordinator = session.coordinator(unique("ct-coord"), "test", handler, rebalance_timeout=REBALANCE)
+    coordinator = consensus_session.coordinator(
+        unique("ct-coord"), "test", handler, rebalance_timeout=REBALANCE
+    )
     generation = coordinator.ensure_active_group(SETTLE)
     me = coordinator.member_id()
     assert generation == Generation(generation.generation_id, me, "p1")
@@ -104,9 +106,9 @@ def test_single_member_leads_and_assigns(session: Session) -> None:
     assert all(call.thread.startswith("consensus-coordinator") for call in handler.calls.events)
 
 
-def test_assignment_reaches_every_member(open_session: SessionFactory) -> None:
+def test_assignment_reaches_every_member(consensus_open_session: SessionFactory) -> None:
     """Three members settle on one generation; each receives what the leader assigned to it."""
-    members = _members(open_session, unique("ct-coord"), 3)
+    members = _members(consensus_open_session, unique("ct-coord"), 3)
     generation = _wait_settled(members)
     ids = {coordinator.member_id() for coordinator, _ in members}
     assert set(_leader_view(members, generation.generation_id)) == ids
@@ -123,13 +125,13 @@ def test_assignment_reaches_every_member(open_session: SessionFactory) -> None:
     assert leaders <= ids
 
 
-def test_protocol_is_the_most_preferred_every_member_supports(open_session: SessionFactory) -> None:
+def test_protocol_is_the_most_preferred_every_member_supports(consensus_open_session: SessionFactory) -> None:
     """Kafka's negotiation: among protocols all support, the one most members prefer; its metadata."""
     group = unique("ct-coord")
     members = [
-        _members(open_session, group, 1, [("x", b"ax"), ("p1", b"a1"), ("p2", b"a2")])[0],
-        _members(open_session, group, 1, [("p2", b"b2"), ("p1", b"b1")])[0],
-        _members(open_session, group, 1, [("p1", b"c1"), ("p2", b"c2")])[0],
+        _members(consensus_open_session, group, 1, [("x", b"ax"), ("p1", b"a1"), ("p2", b"a2")])[0],
+        _members(consensus_open_session, group, 1, [("p2", b"b2"), ("p1", b"b1")])[0],
+        _members(consensus_open_session, group, 1, [("p1", b"c1"), ("p2", b"c2")])[0],
     ]
     generation = _wait_settled(members)
     assert generation.protocol_name == "p1"
@@ -138,19 +140,23 @@ def test_protocol_is_the_most_preferred_every_member_supports(open_session: Sess
     assert view == expected
 
 
-def test_incompatible_joiner_is_rejected_and_group_undisturbed(open_session: SessionFactory) -> None:
+def test_incompatible_joiner_is_rejected_and_group_undisturbed(
+    consensus_open_session: SessionFactory,
+) -> None:
     """A joiner sharing no protocol (or another protocol type) gets InconsistentGroupProtocolError;
     the group's members see no rebalance."""
     group = unique("ct-coord")
-    members = _members(open_session, group, 2)
+    members = _members(consensus_open_session, group, 2)
     generation = _wait_settled(members)
     marks = [len(handler.calls) for _, handler in members]
-    stranger = open_session().coordinator(
+    stranger = consensus_open_session().coordinator(
         group, "test", RecordingHandler([("p9", b"")]), rebalance_timeout=REBALANCE
     )
     with pytest.raises(InconsistentGroupProtocolError):
         stranger.ensure_active_group(SETTLE)
-    other_type = open_session().coordinator(group, "other", RecordingHandler(), rebalance_timeout=REBALANCE)
+    other_type = consensus_open_session().coordinator(
+        group, "other", RecordingHandler(), rebalance_timeout=REBALANCE
+    )
     with pytest.raises(InconsistentGroupProtocolError):
         other_type.ensure_active_group(SETTLE)
     time.sleep(2.0)
@@ -158,7 +164,7 @@ def test_incompatible_joiner_is_rejected_and_group_undisturbed(open_session: Ses
     assert _settled(members) == generation
     # The positive control: a compatible joiner makes every member rebalance, and what each is told
     # first since the rejections is on_join_prepare from the same generation - nothing came between.
-    joined = _wait_settled([*members, *_members(open_session, group, 1)], generation.generation_id)
+    joined = _wait_settled([*members, *_members(consensus_open_session, group, 1)], generation.generation_id)
     for (coordinator, handler), mark in zip(members, marks, strict=True):
         prepare = handler.calls.events[mark]
         assert (prepare.name, prepare.args) == (
@@ -172,13 +178,13 @@ def test_incompatible_joiner_is_rejected_and_group_undisturbed(open_session: Ses
         )
 
 
-def test_rebalance_on_join(open_session: SessionFactory) -> None:
+def test_rebalance_on_join(consensus_open_session: SessionFactory) -> None:
     """A new member makes every member prepare with its generation and complete a newer one."""
     group = unique("ct-coord")
-    members = _members(open_session, group, 2)
+    members = _members(consensus_open_session, group, 2)
     before = _wait_settled(members)
     marks = [len(handler.calls) for _, handler in members]
-    members += _members(open_session, group, 1)
+    members += _members(consensus_open_session, group, 1)
     after = _wait_settled(members, before.generation_id)
     assert set(_leader_view(members, after.generation_id)) == {c.member_id() for c, _ in members}
     for (coordinator, handler), mark in zip(members[:2], marks, strict=True):
@@ -187,10 +193,10 @@ def test_rebalance_on_join(open_session: SessionFactory) -> None:
         handler.check_order()
 
 
-def test_rebalance_on_leave(open_session: SessionFactory) -> None:
+def test_rebalance_on_leave(consensus_open_session: SessionFactory) -> None:
     """A member that closes gets on_leave_prepare; the others complete a generation without it."""
     group = unique("ct-coord")
-    members = _members(open_session, group, 3)
+    members = _members(consensus_open_session, group, 3)
     before = _wait_settled(members)
     leaving, leaving_handler = members.pop()
     leaving.close()
@@ -202,11 +208,11 @@ def test_rebalance_on_leave(open_session: SessionFactory) -> None:
 
 
 def test_rebalance_on_crash(
-    open_session: SessionFactory, consensus_url: str, consensus_options: dict[str, object]
+    consensus_open_session: SessionFactory, consensus_url: str, consensus_options: dict[str, object]
 ) -> None:
     """A member whose process is SIGKILLed drops out: the others complete a generation without it."""
     group = unique("ct-coord")
-    members = _members(open_session, group, 1)
+    members = _members(consensus_open_session, group, 1)
     child = CoordinatorChild(consensus_url, group, {**consensus_options, "rebalance_timeout": REBALANCE})
     try:
         _, generation, child_id = child.expect("COMPLETE", SETTLE)[1].split()
@@ -220,16 +226,16 @@ def test_rebalance_on_crash(
         child.close()
 
 
-def test_generation_fencing(open_session: SessionFactory) -> None:
+def test_generation_fencing(consensus_open_session: SessionFactory) -> None:
     """A member too slow to rejoin is left out of the next generation; it never completes that
     generation, and is told (on_join_prepare) before it joins a later one."""
     group = unique("ct-coord")
-    members = _members(open_session, group, 2)
+    members = _members(consensus_open_session, group, 2)
     before = _wait_settled(members)
     slow, slow_handler = members[1]
     mark = len(slow_handler.calls)
     slow_handler.hold_next_prepare(REBALANCE * 2.5)
-    newcomer = _members(open_session, group, 1)
+    newcomer = _members(consensus_open_session, group, 1)
     passed = _wait_settled([members[0], *newcomer], before.generation_id)
     assert slow.member_id() not in _leader_view([members[0], *newcomer], passed.generation_id)
     everyone = [*members, *newcomer]
@@ -242,7 +248,7 @@ def test_generation_fencing(open_session: SessionFactory) -> None:
 
 
 @pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
-def test_resources_are_never_owned_twice(open_session: SessionFactory, assignor: str) -> None:
+def test_resources_are_never_owned_twice(consensus_open_session: SessionFactory, assignor: str) -> None:
     """Eager (range) and cooperative (cooperative-sticky): through joins and a leave, every resource
     ends with exactly one member and no resource is owned by two members at any instant;
     cooperatively, members keep what does not move."""
@@ -251,7 +257,7 @@ def test_resources_are_never_owned_twice(open_session: SessionFactory, assignor:
 
     def add(name: str) -> None:
         handler = ResourceHandler(RESOURCES, ledger.listener(name), assignors=[assignor])
-        coordinators.append(handler.join(open_session(), group, rebalance_timeout=REBALANCE))
+        coordinators.append(handler.join(consensus_open_session(), group, rebalance_timeout=REBALANCE))
         coordinators[-1].ensure_active_group(SETTLE)
 
     for name in ("a", "b", "c"):
@@ -273,21 +279,21 @@ def test_resources_are_never_owned_twice(open_session: SessionFactory, assignor:
     assert ledger.double_owned() == []
 
 
-def test_incremental_no_barrier_no_double_ownership(open_session: SessionFactory) -> None:
+def test_incremental_no_barrier_no_double_ownership(consensus_open_session: SessionFactory) -> None:
     """Incremental mode: joins and a leave reconcile member by member; no resource is owned twice;
     members whose assignment does not change see no callback."""
     group, ledger = unique("ct-inc"), Ledger()
     resources = frozenset(f"t{index}" for index in range(8))
     coordinators = {}
     for name in ("a", "b", "c", "d"):
-        coordinator = open_session().incremental_coordinator(
+        coordinator = consensus_open_session().incremental_coordinator(
             group, resources, ledger.listener(name), rebalance_timeout=REBALANCE
         )
         coordinator.ensure_active_group(SETTLE)
         coordinators[name] = coordinator
     wait_until(lambda: ledger.balanced(list(coordinators), resources), SETTLE, what="4 members share 8")
     before, mark = ledger.snapshot(), ledger.mark()
-    coordinators["e"] = open_session().incremental_coordinator(
+    coordinators["e"] = consensus_open_session().incremental_coordinator(
         group, resources, ledger.listener("e"), rebalance_timeout=REBALANCE
     )
     coordinators["e"].ensure_active_group(SETTLE)
@@ -304,21 +310,21 @@ def test_incremental_no_barrier_no_double_ownership(open_session: SessionFactory
     assert ledger.double_owned() == []
 
 
-def test_arguments_are_checked(session: Session) -> None:
+def test_arguments_are_checked(consensus_session: Session) -> None:
     """Bad group names, handlers and protocol types fail before any I/O; closed coordinators refuse."""
     with pytest.raises(InvalidKeyError):
-        session.coordinator("bad//name", "test", RecordingHandler())
+        consensus_session.coordinator("bad//name", "test", RecordingHandler())
     with pytest.raises(InvalidTypeError):
-        session.coordinator(unique("ct-coord"), "test", object())  # type: ignore[arg-type]
+        consensus_session.coordinator(unique("ct-coord"), "test", object())  # type: ignore[arg-type]
     with pytest.raises(InvalidKeyError):
-        session.coordinator(unique("ct-coord"), "a/b", RecordingHandler())
-    coordinator = session.coordinator(unique("ct-coord"), "test", RecordingHandler())
+        consensus_session.coordinator(unique("ct-coord"), "a/b", RecordingHandler())
+    coordinator = consensus_session.coordinator(unique("ct-coord"), "test", RecordingHandler())
     coordinator.close()
     with pytest.raises(SessionLostError):
         coordinator.ensure_active_group(1)
 
 
-def test_ensure_active_group_refused_inside_a_callback(session: Session) -> None:
+def test_ensure_active_group_refused_inside_a_callback(consensus_session: Session) -> None:
     """Calling ensure_active_group from a handler callback raises ConsensusError itself at once - a
     refusal, not the OperationTimeoutError (a subclass) of a wait that could never end."""
     errors: list[BaseException] = []
@@ -335,7 +341,7 @@ def test_ensure_active_group_refused_inside_a_callback(session: Session) -> None
                 errors.append(exc)
 
     handler = Reentrant()
-    handler.coordinator = session.coordinator(
+    handler.coordinator = consensus_session.coordinator(
         unique("ct-coord"), "test", handler, rebalance_timeout=REBALANCE
     )
     handler.coordinator.ensure_active_group(SETTLE)

@@ -37,19 +37,19 @@ def _led_by(session: Session, service: str, leader_id: str) -> Leadership | None
     return current if current is not None and current.leader_id == leader_id else None
 
 
-def test_first_nominee_leads(open_session: SessionFactory) -> None:
+def test_first_nominee_leads(consensus_open_session: SessionFactory) -> None:
     """The first of three candidates leads: nominate returns True for it and False for the others."""
     service = unique("ct-service")
-    sessions, results = _queue(open_session, service)
+    sessions, results = _queue(consensus_open_session, service)
     assert results == [True, False, False]
     for each in sessions:
         assert each.election(service).leader() == "c0"
 
 
-def test_leadership_reports_service_leader_and_term(open_session: SessionFactory) -> None:
+def test_leadership_reports_service_leader_and_term(consensus_open_session: SessionFactory) -> None:
     """leadership() is Leadership(service, leader_id, term) with an int term, the same in every session."""
     service = unique("ct-service")
-    sessions, _ = _queue(open_session, service)
+    sessions, _ = _queue(consensus_open_session, service)
     leadership = _current(sessions[0], service)
     assert leadership.service == service
     assert leadership.leader_id == "c0"
@@ -57,18 +57,18 @@ def test_leadership_reports_service_leader_and_term(open_session: SessionFactory
     assert all(_current(each, service) == leadership for each in sessions)
 
 
-def test_nobody_leads_without_candidates(session: Session) -> None:
+def test_nobody_leads_without_candidates(consensus_session: Session) -> None:
     """Without candidates leader() and leadership() are None."""
-    election = session.election(unique("ct-service"))
+    election = consensus_session.election(unique("ct-service"))
     assert election.leader() is None
     assert election.leadership() is None
 
 
-def test_resign_hands_over_in_line_with_increasing_terms(open_session: SessionFactory) -> None:
+def test_resign_hands_over_in_line_with_increasing_terms(consensus_open_session: SessionFactory) -> None:
     """Each resign hands leadership to the next in line, with a strictly higher term, until nobody leads."""
     service = unique("ct-service")
-    sessions, _ = _queue(open_session, service)
-    observer = open_session()
+    sessions, _ = _queue(consensus_open_session, service)
+    observer = consensus_open_session()
     terms: list[int] = []
     for index, each in enumerate(sessions):
         current = _current(observer, service)
@@ -79,14 +79,14 @@ def test_resign_hands_over_in_line_with_increasing_terms(open_session: SessionFa
     assert observer.election(service).leadership() is None
 
 
-def test_listener_sees_every_hand_over(open_session: SessionFactory) -> None:
+def test_listener_sees_every_hand_over(consensus_open_session: SessionFactory) -> None:
     """An election listener gets LeaderChanged for every hand-over, terms rising, then (None, None)."""
     service = unique("ct-service")
-    observer = open_session()
+    observer = consensus_open_session()
     log: EventLog[LeaderChanged] = EventLog("leader")
     observer.election(service).add_listener(log)
     assert log.wait_count(1)[0] == LeaderChanged(service, None, None)
-    sessions, _ = _queue(open_session, service)
+    sessions, _ = _queue(consensus_open_session, service)
     for index, each in enumerate(sessions):
         expected = f"c{index}"
         log.wait_last(lambda event: event.leader_id == expected, what=f"{expected} leads")  # noqa: B023
@@ -100,10 +100,10 @@ def test_listener_sees_every_hand_over(open_session: SessionFactory) -> None:
     assert log.events[-1] == LeaderChanged(service, None, None)
 
 
-def test_resign_of_follower_keeps_leader(open_session: SessionFactory) -> None:
+def test_resign_of_follower_keeps_leader(consensus_open_session: SessionFactory) -> None:
     """A follower that resigns leaves the line: leader and term stay, and it is skipped later."""
     service = unique("ct-service")
-    sessions, _ = _queue(open_session, service)
+    sessions, _ = _queue(consensus_open_session, service)
     before = _current(sessions[0], service)
     sessions[1].election(service).resign("c1")
     assert _current(sessions[0], service) == before
@@ -113,9 +113,9 @@ def test_resign_of_follower_keeps_leader(open_session: SessionFactory) -> None:
     assert after.term > before.term
 
 
-def test_renominated_candidate_leads_with_higher_term(session: Session) -> None:
+def test_renominated_candidate_leads_with_higher_term(consensus_session: Session) -> None:
     """A candidate that resigned and nominated again leads under a new, higher term."""
-    election = session.election(unique("ct-service"))
+    election = consensus_session.election(unique("ct-service"))
     assert election.nominate("a") is True
     first = election.leadership()
     election.resign("a")
@@ -126,11 +126,11 @@ def test_renominated_candidate_leads_with_higher_term(session: Session) -> None:
     assert second.term > first.term
 
 
-def test_closing_leaders_session_hands_over(open_session: SessionFactory) -> None:
+def test_closing_leaders_session_hands_over(consensus_open_session: SessionFactory) -> None:
     """Closing the leader's session hands leadership at once to the next candidate, with a higher term."""
     service = unique("ct-service")
-    sessions, _ = _queue(open_session, service, 2)
-    observer = open_session()
+    sessions, _ = _queue(consensus_open_session, service, 2)
+    observer = consensus_open_session()
     log: EventLog[LeaderChanged] = EventLog("leader")
     observer.election(service).add_listener(log)
     before = log.wait_for(lambda event: event.leader_id == "c0", what="c0 leads")
@@ -142,56 +142,58 @@ def test_closing_leaders_session_hands_over(open_session: SessionFactory) -> Non
     assert at_once == Leadership(service, "c1", after.term)
 
 
-def test_fenced_writes_with_current_leadership_succeed(session: Session, ns: str) -> None:
+def test_fenced_writes_with_current_leadership_succeed(consensus_session: Session, consensus_ns: str) -> None:
     """put, update and delete fenced by the current leadership all happen."""
-    election = session.election(unique("ct-service"))
+    election = consensus_session.election(unique("ct-service"))
     election.nominate("leader")
     fence = election.leadership()
     assert fence is not None
-    created = session.storage.put(f"{ns}/k", b"1", fence=fence)
-    updated = session.storage.update(f"{ns}/k", b"2", version=created, fence=fence)
-    assert session.storage.fetch(f"{ns}/k") == Versioned(b"2", updated)
-    session.storage.delete(f"{ns}/k", version=updated, fence=fence)
-    assert session.storage.fetch(f"{ns}/k") is None
+    created = consensus_session.storage.put(f"{consensus_ns}/k", b"1", fence=fence)
+    updated = consensus_session.storage.update(f"{consensus_ns}/k", b"2", version=created, fence=fence)
+    assert consensus_session.storage.fetch(f"{consensus_ns}/k") == Versioned(b"2", updated)
+    consensus_session.storage.delete(f"{consensus_ns}/k", version=updated, fence=fence)
+    assert consensus_session.storage.fetch(f"{consensus_ns}/k") is None
 
 
-def test_fenced_writes_with_old_leadership_fail(open_session: SessionFactory, ns: str) -> None:
+def test_fenced_writes_with_old_leadership_fail(
+    consensus_open_session: SessionFactory, consensus_ns: str
+) -> None:
     """put, update and delete fenced by a superseded leadership raise FencedError and write nothing."""
     service = unique("ct-service")
-    sessions, _ = _queue(open_session, service, 2)
+    sessions, _ = _queue(consensus_open_session, service, 2)
     old = _current(sessions[0], service)
-    version = sessions[0].storage.put(f"{ns}/existing", b"kept")
+    version = sessions[0].storage.put(f"{consensus_ns}/existing", b"kept")
     sessions[0].election(service).resign("c0")
     new = _current(sessions[1], service)
     assert new.leader_id == "c1" and new.term > old.term
     storage = sessions[0].storage
     with pytest.raises(FencedError):
-        storage.put(f"{ns}/new", b"x", fence=old)
+        storage.put(f"{consensus_ns}/new", b"x", fence=old)
     with pytest.raises(FencedError):
-        storage.update(f"{ns}/existing", b"x", fence=old)
+        storage.update(f"{consensus_ns}/existing", b"x", fence=old)
     with pytest.raises(FencedError):
-        storage.delete(f"{ns}/existing", fence=old)
-    assert storage.fetch(f"{ns}/new") is None
-    assert storage.fetch(f"{ns}/existing") == Versioned(b"kept", version)
-    assert sessions[1].storage.put(f"{ns}/new", b"by c1", fence=new) > 0
+        storage.delete(f"{consensus_ns}/existing", fence=old)
+    assert storage.fetch(f"{consensus_ns}/new") is None
+    assert storage.fetch(f"{consensus_ns}/existing") == Versioned(b"kept", version)
+    assert sessions[1].storage.put(f"{consensus_ns}/new", b"by c1", fence=new) > 0
 
 
-def test_fence_without_any_leader_fails(session: Session, ns: str) -> None:
+def test_fence_without_any_leader_fails(consensus_session: Session, consensus_ns: str) -> None:
     """A write fenced by a leadership whose leader resigned, leaving nobody, raises FencedError."""
-    election = session.election(unique("ct-service"))
+    election = consensus_session.election(unique("ct-service"))
     election.nominate("only")
     fence = election.leadership()
     assert fence is not None
     election.resign("only")
     with pytest.raises(FencedError):
-        session.storage.put(f"{ns}/k", b"x", fence=fence)
-    assert session.storage.fetch(f"{ns}/k") is None
+        consensus_session.storage.put(f"{consensus_ns}/k", b"x", fence=fence)
+    assert consensus_session.storage.fetch(f"{consensus_ns}/k") is None
 
 
-def test_fence_with_forged_term_fails(session: Session, ns: str) -> None:
+def test_fence_with_forged_term_fails(consensus_session: Session, consensus_ns: str) -> None:
     """A Leadership with a term that was never issued (or another service) fences the write out."""
     service = unique("ct-service")
-    election = session.election(service)
+    election = consensus_session.election(service)
     election.nominate("leader")
     real = election.leadership()
     assert real is not None
@@ -201,14 +203,14 @@ def test_fence_with_forged_term_fails(session: Session, ns: str) -> None:
     ]
     for fence in forged:
         with pytest.raises(FencedError):
-            session.storage.put(f"{ns}/k", b"x", fence=fence)
-    assert session.storage.fetch(f"{ns}/k") is None
+            consensus_session.storage.put(f"{consensus_ns}/k", b"x", fence=fence)
+    assert consensus_session.storage.fetch(f"{consensus_ns}/k") is None
 
 
-def test_duplicate_candidate_raises_member_exists(open_session: SessionFactory) -> None:
+def test_duplicate_candidate_raises_member_exists(consensus_open_session: SessionFactory) -> None:
     """Nominating a live candidate id again, from the same or another session, raises MemberExistsError."""
     service = unique("ct-service")
-    first, second = open_session(), open_session()
+    first, second = consensus_open_session(), consensus_open_session()
     assert first.election(service).nominate("dup") is True
     with pytest.raises(MemberExistsError):
         first.election(service).nominate("dup")
@@ -217,10 +219,10 @@ def test_duplicate_candidate_raises_member_exists(open_session: SessionFactory) 
     assert _current(second, service).leader_id == "dup"
 
 
-def test_resign_of_non_candidate_raises_not_a_member(open_session: SessionFactory) -> None:
+def test_resign_of_non_candidate_raises_not_a_member(consensus_open_session: SessionFactory) -> None:
     """resign of an id this session does not hold raises NotAMemberError; another's leader stays."""
     service = unique("ct-service")
-    holder, other = open_session(), open_session()
+    holder, other = consensus_open_session(), consensus_open_session()
     with pytest.raises(NotAMemberError):
         holder.election(service).resign("nobody")
     holder.election(service).nominate("held")
@@ -230,21 +232,23 @@ def test_resign_of_non_candidate_raises_not_a_member(open_session: SessionFactor
     assert _current(other, service) == before
 
 
-def test_listener_first_event_reports_current_leader(open_session: SessionFactory) -> None:
+def test_listener_first_event_reports_current_leader(consensus_open_session: SessionFactory) -> None:
     """The first LeaderChanged after registration names the current leader and term."""
     service = unique("ct-service")
-    sessions, _ = _queue(open_session, service, 2)
+    sessions, _ = _queue(consensus_open_session, service, 2)
     current = _current(sessions[1], service)
     log: EventLog[LeaderChanged] = EventLog("leader")
     sessions[1].election(service).add_listener(log)
     assert log.wait_count(1)[0] == LeaderChanged(service, current.leader_id, current.term)
 
 
-def test_killed_leader_hands_over(open_session: SessionFactory, spawn_worker: WorkerFactory) -> None:
+def test_killed_leader_hands_over(
+    consensus_open_session: SessionFactory, consensus_spawn_worker: WorkerFactory
+) -> None:
     """When the leader's process is SIGKILLed, the next candidate leads with a higher term in time."""
     service = unique("ct-service")
-    observer = open_session()
-    child = spawn_worker(
+    observer = consensus_open_session()
+    child = consensus_spawn_worker(
         "hold", "--group", unique("ct-group"), "--member", "m", "--service", service, "--candidate", "doomed"
     )
     _, ready = child.expect("READY", 60)

@@ -7,6 +7,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -23,8 +24,9 @@ from consensus_api import (
     Session,
     ValueTooLargeError,
 )
-from consensus_api.config import BackendURL, Endpoint, parse_url
+from consensus_api.config import parse_url
 from consensus_api.conformance.helpers import unique
+from consensus_api.conformance.profile import profile_for
 
 MIB = 1024 * 1024
 
@@ -83,33 +85,25 @@ def _free_port() -> int:
 
 
 def _unreachable(url: str, workdir: Path, password: str | None = None) -> str:
-    """The tested URL's scheme, path and credentials at a place nobody serves.
-
-    For SQLite: a database path below a regular file, which no one can create.
-    With ``password``, the URL carries it (and a user name if it had none).
-    """
-    parsed, _ = parse_url(url)
-    username = parsed.username or ("ct-user" if password else None)
-    password = password or parsed.password
-    if parsed.scheme == "sqlite":
-        blocker = workdir / "not-a-directory"
-        blocker.write_bytes(b"a file where the database's directory should be")
-        auth = f"{username}:{password}@" if password else ""
-        return f"sqlite://{auth}/{blocker}/sub/ct.db"
-    moved = BackendURL(parsed.scheme, (Endpoint("127.0.0.1", _free_port()),), parsed.path, username, password)
+    """The tested URL where nobody serves it (the backend's test profile says where), keeping scheme
+    and path. With ``password``, the URL carries it (and a user name if it had none)."""
+    parsed = parse_url(url)[0]
+    moved = profile_for(parsed).unreachable_url(parsed, workdir)
+    if password is not None:
+        moved = replace(moved, username=moved.username or "ct-user", password=password)
     return moved.unredacted()
 
 
 @pytest.mark.parametrize("case", sorted(BAD_KEYS))
-def test_invalid_key_raises_invalid_key_error(shared_session: Session, case: str) -> None:
+def test_invalid_key_raises_invalid_key_error(consensus_shared_session: Session, case: str) -> None:
     """Each key rule: a breaking key raises InvalidKeyError (a ConsensusError, ValueError) in every call."""
-    key, storage = BAD_KEYS[case], shared_session.storage
+    key, storage = BAD_KEYS[case], consensus_shared_session.storage
     for call in (
         lambda: storage.fetch(key),
         lambda: storage.put(key, b"v"),
         lambda: storage.update(key, b"v"),
         lambda: storage.delete(key),
-        lambda: shared_session.listeners.add_value_listener(key, print),
+        lambda: consensus_shared_session.listeners.add_value_listener(key, print),
     ):
         with pytest.raises(InvalidKeyError) as info:
             call()
@@ -117,93 +111,98 @@ def test_invalid_key_raises_invalid_key_error(shared_session: Session, case: str
 
 
 @pytest.mark.parametrize("key", [None, 1, 1.5, b"a/b", ["a"]], ids=_type_name)
-def test_non_str_key_raises_invalid_type_error(shared_session: Session, key: Any) -> None:
+def test_non_str_key_raises_invalid_type_error(consensus_shared_session: Session, key: Any) -> None:
     """A key that is not str raises InvalidTypeError, which is both a TypeError and a ConsensusError."""
     with pytest.raises(InvalidTypeError) as info:
-        shared_session.storage.fetch(key)
+        consensus_shared_session.storage.fetch(key)
     assert isinstance(info.value, TypeError) and isinstance(info.value, ConsensusError)
     with pytest.raises(InvalidTypeError):
-        shared_session.storage.put(key, b"v")
+        consensus_shared_session.storage.put(key, b"v")
 
 
-def test_boundary_keys_are_accepted(shared_session: Session, ns: str) -> None:
+def test_boundary_keys_are_accepted(consensus_shared_session: Session, consensus_ns: str) -> None:
     """A 255-character segment and a key of exactly 1024 UTF-8 bytes are valid keys."""
-    long_segment = f"{ns}/" + "s" * 255
-    shared_session.storage.put(long_segment, b"ok")
-    assert shared_session.storage.fetch(long_segment) is not None
-    head = f"{ns}/" + "/".join(["z" * 200] * 4) + "/"
+    long_segment = f"{consensus_ns}/" + "s" * 255
+    consensus_shared_session.storage.put(long_segment, b"ok")
+    assert consensus_shared_session.storage.fetch(long_segment) is not None
+    head = f"{consensus_ns}/" + "/".join(["z" * 200] * 4) + "/"
     exact = head + "z" * (1024 - len(head.encode()))
     assert len(exact.encode()) == 1024
     assert 0 < len(exact.rsplit("/", 1)[1]) <= 255
-    shared_session.storage.put(exact, b"ok")
-    assert shared_session.storage.fetch(exact) is not None
+    consensus_shared_session.storage.put(exact, b"ok")
+    assert consensus_shared_session.storage.fetch(exact) is not None
 
 
-def test_invalid_namespace_raises(shared_session: Session) -> None:
+def test_invalid_namespace_raises(consensus_shared_session: Session) -> None:
     """keys() and keyset listeners reject a namespace that breaks the key rules; "" is the root."""
     for namespace in ("a/", "/a", "a//b", ".."):
         with pytest.raises(InvalidKeyError):
-            shared_session.storage.keys(namespace)
+            consensus_shared_session.storage.keys(namespace)
         with pytest.raises(InvalidKeyError):
-            shared_session.listeners.add_keyset_listener(namespace, print)
+            consensus_shared_session.listeners.add_keyset_listener(namespace, print)
     with pytest.raises(InvalidTypeError):
-        shared_session.storage.keys(None)  # type: ignore[arg-type]
+        consensus_shared_session.storage.keys(None)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", ["text", None, 7, bytearray(b"x"), memoryview(b"x")], ids=_type_name)
-def test_non_bytes_value_raises_invalid_type_error(shared_session: Session, ns: str, value: Any) -> None:
+def test_non_bytes_value_raises_invalid_type_error(
+    consensus_shared_session: Session, consensus_ns: str, value: Any
+) -> None:
     """A value that is not bytes raises InvalidTypeError on put, update and join."""
     with pytest.raises(InvalidTypeError):
-        shared_session.storage.put(f"{ns}/k", value)
+        consensus_shared_session.storage.put(f"{consensus_ns}/k", value)
     with pytest.raises(InvalidTypeError):
-        shared_session.storage.update(f"{ns}/k", value)
+        consensus_shared_session.storage.update(f"{consensus_ns}/k", value)
     with pytest.raises(InvalidTypeError):
-        shared_session.group(unique("ct-group")).join("m", value)
-    assert shared_session.storage.fetch(f"{ns}/k") is None
+        consensus_shared_session.group(unique("ct-group")).join("m", value)
+    assert consensus_shared_session.storage.fetch(f"{consensus_ns}/k") is None
 
 
-def test_value_over_one_mebibyte_raises(shared_session: Session, ns: str) -> None:
+def test_value_over_one_mebibyte_raises(consensus_shared_session: Session, consensus_ns: str) -> None:
     """A value of 1 MiB + 1 byte raises ValueTooLargeError (a ConsensusError and ValueError) everywhere."""
     big = b"x" * (MIB + 1)
     with pytest.raises(ValueTooLargeError) as info:
-        shared_session.storage.put(f"{ns}/k", big)
+        consensus_shared_session.storage.put(f"{consensus_ns}/k", big)
     assert isinstance(info.value, ConsensusError) and isinstance(info.value, ValueError)
-    shared_session.storage.put(f"{ns}/k", b"small")
+    consensus_shared_session.storage.put(f"{consensus_ns}/k", b"small")
     with pytest.raises(ValueTooLargeError):
-        shared_session.storage.update(f"{ns}/k", big)
+        consensus_shared_session.storage.update(f"{consensus_ns}/k", big)
     with pytest.raises(ValueTooLargeError):
-        shared_session.group(unique("ct-group")).join("m", big)
-    fetched = shared_session.storage.fetch(f"{ns}/k")
+        consensus_shared_session.group(unique("ct-group")).join("m", big)
+    fetched = consensus_shared_session.storage.fetch(f"{consensus_ns}/k")
     assert fetched is not None and fetched.value == b"small"
 
 
 @pytest.mark.parametrize("version", ["1", 1.0, True, b"1"], ids=_type_name)
-def test_bad_version_type_raises(shared_session: Session, ns: str, version: Any) -> None:
+def test_bad_version_type_raises(consensus_shared_session: Session, consensus_ns: str, version: Any) -> None:
     """A version that is not an int (or None) raises InvalidTypeError on update and delete."""
-    shared_session.storage.put(f"{ns}/k", b"v")
+    consensus_shared_session.storage.put(f"{consensus_ns}/k", b"v")
     with pytest.raises(InvalidTypeError):
-        shared_session.storage.update(f"{ns}/k", b"w", version=version)
+        consensus_shared_session.storage.update(f"{consensus_ns}/k", b"w", version=version)
     with pytest.raises(InvalidTypeError):
-        shared_session.storage.delete(f"{ns}/k", version=version)
-    fetched = shared_session.storage.fetch(f"{ns}/k")
+        consensus_shared_session.storage.delete(f"{consensus_ns}/k", version=version)
+    fetched = consensus_shared_session.storage.fetch(f"{consensus_ns}/k")
     assert fetched is not None and fetched.value == b"v"
 
 
 @pytest.mark.parametrize("fence", ["leader", 3, ("svc", "leader", 3)], ids=_type_name)
-def test_bad_fence_type_raises(shared_session: Session, ns: str, fence: Any) -> None:
+def test_bad_fence_type_raises(consensus_shared_session: Session, consensus_ns: str, fence: Any) -> None:
     """A fence that is not a Leadership raises InvalidTypeError on put, update and delete."""
     with pytest.raises(InvalidTypeError):
-        shared_session.storage.put(f"{ns}/k", b"v", fence=fence)
-    shared_session.storage.put(f"{ns}/k", b"v")
+        consensus_shared_session.storage.put(f"{consensus_ns}/k", b"v", fence=fence)
+    consensus_shared_session.storage.put(f"{consensus_ns}/k", b"v")
     with pytest.raises(InvalidTypeError):
-        shared_session.storage.update(f"{ns}/k", b"w", fence=fence)
+        consensus_shared_session.storage.update(f"{consensus_ns}/k", b"w", fence=fence)
     with pytest.raises(InvalidTypeError):
-        shared_session.storage.delete(f"{ns}/k", fence=fence)
+        consensus_shared_session.storage.delete(f"{consensus_ns}/k", fence=fence)
 
 
-def test_bad_member_candidate_and_group_names(shared_session: Session) -> None:
+def test_bad_member_candidate_and_group_names(consensus_shared_session: Session) -> None:
     """Member and candidate ids are single segments; group and service names follow the key rules."""
-    group, election = shared_session.group(unique("ct-group")), shared_session.election(unique("ct-s"))
+    group, election = (
+        consensus_shared_session.group(unique("ct-group")),
+        consensus_shared_session.election(unique("ct-s")),
+    )
     for bad in ("", "a/b", ".", "x" * 256, "tab\there"):
         with pytest.raises(InvalidKeyError):
             group.join(bad)
@@ -213,19 +212,21 @@ def test_bad_member_candidate_and_group_names(shared_session: Session) -> None:
         group.join(7)  # type: ignore[arg-type]
     for bad in ("", "a//b", "/a", ".."):
         with pytest.raises(InvalidKeyError):
-            shared_session.group(bad)
+            consensus_shared_session.group(bad)
         with pytest.raises(InvalidKeyError):
-            shared_session.election(bad)
+            consensus_shared_session.election(bad)
     assert group.members() == frozenset()
     assert election.leadership() is None
 
 
-def test_non_callable_listener_raises_type_error(shared_session: Session, ns: str) -> None:
+def test_non_callable_listener_raises_type_error(
+    consensus_shared_session: Session, consensus_ns: str
+) -> None:
     """Registering something that is not callable as a listener raises TypeError."""
     with pytest.raises(TypeError):
-        shared_session.listeners.add_value_listener(f"{ns}/k", "not callable")  # type: ignore[arg-type]
+        consensus_shared_session.listeners.add_value_listener(f"{consensus_ns}/k", "not callable")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        shared_session.group(unique("ct-group")).add_listener(None)  # type: ignore[arg-type]
+        consensus_shared_session.group(unique("ct-group")).add_listener(None)  # type: ignore[arg-type]
 
 
 def test_errors_are_exported_and_derive_from_consensus_error() -> None:
@@ -321,14 +322,15 @@ def test_credentials_never_appear_in_errors(consensus_url: str, tmp_path: Path) 
 def _with_password(url: str, secret: str) -> str:
     """The tested URL with ``secret`` as its password (and a user name if it had none)."""
     parsed, query = parse_url(url)
-    if parsed.scheme == "sqlite":
-        return f"sqlite://ct-user:{secret}@{parsed.path}"
-    moved = BackendURL(parsed.scheme, parsed.endpoints, parsed.path, parsed.username or "ct-user", secret)
+    moved = replace(parsed, username=parsed.username or "ct-user", password=secret)
     return moved.unredacted() + (f"?{urlencode(query)}" if query else "")
 
 
 def test_credentials_never_appear_in_repr_or_logs(
-    consensus_url: str, consensus_options: dict[str, object], caplog: pytest.LogCaptureFixture, ns: str
+    consensus_url: str,
+    consensus_options: dict[str, object],
+    caplog: pytest.LogCaptureFixture,
+    consensus_ns: str,
 ) -> None:
     """With a password in the URL, neither repr(session), any error nor any log record shows it."""
     caplog.set_level(logging.DEBUG)
@@ -340,7 +342,7 @@ def test_credentials_never_appear_in_repr_or_logs(
         ) as session:
             texts += [repr(session), str(session.url)]
             assert ":***@" in texts[0], f"the password is not shown masked: {texts[0]}"
-            session.storage.put(f"{ns}/k", b"v")
+            session.storage.put(f"{consensus_ns}/k", b"v")
     except ConsensusError as exc:  # a backend may refuse the credentials: then the error must not leak them
         texts += _messages(exc)
     formatter = logging.Formatter()

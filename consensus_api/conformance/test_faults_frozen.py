@@ -90,7 +90,10 @@ def _resumed_is_fenced_and_told(child: WorkerProcess, mark: int, bound: float, r
 
 @pytest.mark.requires_server
 def test_leader_frozen_mid_write_is_replaced(
-    open_session: SessionFactory, spawn_worker: WorkerFactory, ns: str, record: Record
+    consensus_open_session: SessionFactory,
+    consensus_spawn_worker: WorkerFactory,
+    consensus_ns: str,
+    consensus_record: Record,
 ) -> None:
     """A leader frozen (SIGSTOP) in the middle of a fenced write - on PostgreSQL inside its transaction,
     holding row locks; elsewhere with its request in flight - does not stop the others: within
@@ -102,23 +105,25 @@ def test_leader_frozen_mid_write_is_replaced(
     it, session LOST. No acknowledged write is lost. (Not applicable to SQLite: no server can end a
     stopped process's transaction there; see the next test.)"""
     group, service = unique("ct-group"), unique("ct-service")
-    contender, child, term, leaders = _contended(open_session, spawn_worker, group, service)
-    keys = {name: f"{ns}/{name}" for name in ("shared", "owned", "fresh")}
+    contender, child, term, leaders = _contended(
+        consensus_open_session, consensus_spawn_worker, group, service
+    )
+    keys = {name: f"{consensus_ns}/{name}" for name in ("shared", "owned", "fresh")}
     contender.storage.put(keys["shared"], b"before the freeze")
-    bound = loss_bound(contender.backend, SESSION_TIMEOUT)
+    bound = loss_bound(contender, SESSION_TIMEOUT)
     mark = len(child.lines)
-    with Prober(contender, f"{ns}/probe", group, service) as prober:
+    with Prober(contender, f"{consensus_ns}/probe", group, service) as prober:
         frozen = _freeze_mid_write(child, "update", keys["shared"])
         try:
             moved = leaders.wait_for(lambda event: event.leader_id == "c-next", bound, what="the hand-over")
-            record("frozen mid-write -> new leader", time.monotonic() - frozen)
+            consensus_record("frozen mid-write -> new leader", time.monotonic() - frozen)
             assert moved.term is not None and moved.term > term
             fence = Leadership(service, "c-next", moved.term)
             version, error, seconds = timed_call(
                 CALL_LIMIT, lambda: contender.storage.update(keys["shared"], b"new leader", fence=fence)
             )
             assert error is None, error
-            record("new leader's fenced write of the frozen key", seconds)
+            consensus_record("new leader's fenced write of the frozen key", seconds)
             stored = {
                 keys["shared"]: Versioned(b"new leader", version),
                 keys["owned"]: Versioned(b"new leader", contender.storage.put(keys["owned"], b"new leader")),
@@ -128,8 +133,8 @@ def test_leader_frozen_mid_write_is_replaced(
         finally:
             child.signal(signal.SIGCONT)
     prober.check()
-    froze = _resumed_is_fenced_and_told(child, mark, bound, record)
-    record("the frozen write, resumed", float(froze.split()[3]), note=froze.split()[2])
+    froze = _resumed_is_fenced_and_told(child, mark, bound, consensus_record)
+    consensus_record("the frozen write, resumed", float(froze.split()[3]), note=froze.split()[2])
     for key, value in stored.items():
         assert contender.storage.fetch(key) == value, f"{key} changed after the takeover ({froze})"
     assert contender.storage.fetch(keys["fresh"]) is None
@@ -139,7 +144,10 @@ def test_leader_frozen_mid_write_is_replaced(
 
 @pytest.mark.database_file
 def test_sqlite_leader_frozen_holding_the_write_lock(
-    open_session: SessionFactory, spawn_worker: WorkerFactory, ns: str, record: Record
+    consensus_open_session: SessionFactory,
+    consensus_spawn_worker: WorkerFactory,
+    consensus_ns: str,
+    consensus_record: Record,
 ) -> None:
     """A leader frozen (SIGSTOP) inside a fenced write's transaction on SQLite, holding the write lock:
     SQLite cannot take a lock from a stopped process, so while it stays stopped every other write
@@ -152,55 +160,57 @@ def test_sqlite_leader_frozen_holding_the_write_lock(
     LeaderChanged away from it, LOST), every session is writable again, and no acknowledged write is
     lost."""
     group, service = unique("ct-group"), unique("ct-service")
-    contender, child, term, _ = _contended(open_session, spawn_worker, group, service)
+    contender, child, term, _ = _contended(consensus_open_session, consensus_spawn_worker, group, service)
     states: EventLog[tuple[SessionState, float]] = EventLog("state")  # with when it reached the listeners
     contender.add_state_listener(lambda state: states((state, time.monotonic())))
-    keys = {name: f"{ns}/{name}" for name in ("shared", "owned", "fresh")}
+    keys = {name: f"{consensus_ns}/{name}" for name in ("shared", "owned", "fresh")}
     acked = {
         key: Versioned(b"before", contender.storage.put(key, b"before")) for key in list(keys.values())[:2]
     }
-    bound = loss_bound(contender.backend, SESSION_TIMEOUT)
+    bound = loss_bound(contender, SESSION_TIMEOUT)
     mark = len(child.lines)
     frozen = _freeze_mid_write(child, "update", keys["shared"])
     try:
-        _, error, seconds = timed_call(CALL_LIMIT, lambda: contender.storage.put(f"{ns}/blocked", b"x"))
+        _, error, seconds = timed_call(
+            CALL_LIMIT, lambda: contender.storage.put(f"{consensus_ns}/blocked", b"x")
+        )
         assert isinstance(error, OperationTimeoutError), error
         assert f"held by process {child.pid}" in str(error), error
-        record("a write while frozen -> OperationTimeoutError naming the holder", seconds)
+        consensus_record("a write while frozen -> OperationTimeoutError naming the holder", seconds)
         _, error, seconds = timed_call(CALL_LIMIT, lambda: contender.storage.fetch(keys["owned"]))
         assert error is None
-        record("a read while frozen", seconds)
+        consensus_record("a read while frozen", seconds)
         _, error, seconds = timed_call(
-            CALL_LIMIT, lambda: open_session(**{**FAULT_OPTIONS, "connect_timeout": 1})
+            CALL_LIMIT, lambda: consensus_open_session(**{**FAULT_OPTIONS, "connect_timeout": 1})
         )
         assert isinstance(error, BackendUnavailableError), error
         assert f"held by process {child.pid}" in str(error), error
-        record("connect while frozen -> BackendUnavailableError naming the holder", seconds)
+        consensus_record("connect while frozen -> BackendUnavailableError naming the holder", seconds)
         for state in (SessionState.SUSPENDED, SessionState.LOST):
             _, arrived = states.wait_for(lambda seen: seen[0] is state, bound, what=state.name)  # noqa: B023
-            record(f"frozen -> others {state.name}", arrived - frozen)
+            consensus_record(f"frozen -> others {state.name}", arrived - frozen)
         assert contender.election(service).leadership() == Leadership(service, "c-frozen", term)
         for operation, name in QUEUED:  # run the moment the child resumes
             child.send(f"FENCED {operation} {keys[name]}")
     finally:
         child.signal(signal.SIGCONT)
     resumed = time.monotonic()
-    froze = _resumed_is_fenced_and_told(child, mark, bound, record)
+    froze = _resumed_is_fenced_and_told(child, mark, bound, consensus_record)
     assert froze.split()[2] == "ok", froze  # decided under the write lock, before anyone could take over
-    record("the frozen write, resumed", float(froze.split()[3]))
+    consensus_record("the frozen write, resumed", float(froze.split()[3]))
 
     def newer() -> Leadership | None:
         leadership = contender.election(service).leadership()
         return leadership if leadership is not None and leadership.term > term else None
 
     now = wait_until(newer, bound, what=f"a leader with a term above {term}")
-    record("resume -> a new leader", time.monotonic() - resumed, note=now.leader_id)
+    consensus_record("resume -> a new leader", time.monotonic() - resumed, note=now.leader_id)
     states.wait_last(lambda seen: seen[0] is SessionState.CONNECTED, bound, what="CONNECTED")
-    record("resume -> others CONNECTED", time.monotonic() - resumed)
+    consensus_record("resume -> others CONNECTED", time.monotonic() - resumed)
     wait_until(
         lambda: timed_call(CALL_LIMIT, lambda: contender.storage.put(keys["fresh"], b"after"))[0], bound
     )
-    record("resume -> others writable", time.monotonic() - resumed)
+    consensus_record("resume -> others writable", time.monotonic() - resumed)
     shared = acked[keys["shared"]]
     assert contender.storage.fetch(keys["shared"]) == Versioned(b"stale leader", shared.version + 1)
     assert contender.storage.fetch(keys["owned"]) == acked[keys["owned"]]

@@ -4,15 +4,16 @@ The client runs inside a network namespace whose only link to the host
 (``consensus_api.testing.netns``) goes down for the fault: no proxy decides
 what the client sees, the kernel drops every packet, connections stay open and
 silent, TCP retransmits until the link is back. Applies where the suite
-controls the server and the machine allows network namespaces (root,
-iproute2); elsewhere it is not applicable. Bounds and recording as in
-``test_faults.py``.
+controls the server; where the machine does not allow network namespaces
+(root, iproute2) it fails with the reason (SQLite's profile declares it not
+applicable). Bounds and recording as in ``test_faults.py``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -30,29 +31,33 @@ from consensus_api.conformance.faults_support import (
 from consensus_api.conformance.helpers import SessionFactory, unique
 from consensus_api.conformance.plugin import WorkerFactory
 from consensus_api.conformance.worker import WorkerProcess
-from consensus_api.testing import ServerHandle
-from consensus_api.testing._process import HOST
 from consensus_api.testing.netns import NetworkNamespace
-from consensus_api.testing.proxy import url_at
+from consensus_api.testing.proxy import HOST, url_at
+
+if TYPE_CHECKING:
+    from consensus_api.testing import ServerHandle
 
 pytestmark = [pytest.mark.requires_server, pytest.mark.network_namespace]
 
 
 @pytest.fixture
-def netns(server: ServerHandle) -> Iterator[NetworkNamespace]:
+def netns(consensus_server: ServerHandle) -> Iterator[NetworkNamespace]:
     """A network namespace whose 127.0.0.1, at the port clients use, leads to the tested server across
     a link that can be cut."""
     with NetworkNamespace() as opened:
-        opened.forward(server.proxy_port or server.port, server.proxy_target)
+        opened.forward(consensus_server.proxy_port or consensus_server.port, consensus_server.proxy_target)
         yield opened
 
 
 @pytest.fixture
 def spawn_inside(
-    netns: NetworkNamespace, server: ServerHandle, consensus_url: str, consensus_options: dict[str, object]
+    netns: NetworkNamespace,
+    consensus_server: ServerHandle,
+    consensus_url: str,
+    consensus_options: dict[str, object],
 ) -> Iterator[WorkerFactory]:
     """``spawn_inside(command, *args, **options)``: a worker process in ``netns``; killed at teardown."""
-    url = url_at(consensus_url, HOST, server.proxy_port or server.port)
+    url = url_at(consensus_url, HOST, consensus_server.proxy_port or consensus_server.port)
     workers: list[WorkerProcess] = []
 
     def factory(command: str, *args: str, **options: object) -> WorkerProcess:
@@ -68,9 +73,9 @@ def spawn_inside(
 def test_client_process_partitioned_by_the_network(
     netns: NetworkNamespace,
     spawn_inside: WorkerFactory,
-    open_session: SessionFactory,
-    ns: str,
-    record: Record,
+    consensus_open_session: SessionFactory,
+    consensus_ns: str,
+    consensus_record: Record,
 ) -> None:
     """A client process that leads and is a member, cut off by the network (its namespace's link down)
     for longer than its session timeout while the server keeps running: a session that never joined
@@ -80,47 +85,47 @@ def test_client_process_partitioned_by_the_network(
     than request_timeout + 1 s; healed, it is CONNECTED again and re-joins its member, its stale fenced
     writes fail with FencedError and nothing the new leader wrote is overwritten."""
     group, service = unique("ct-group"), unique("ct-service")
-    other = open_session(**FAULT_OPTIONS)
+    other = consensus_open_session(**FAULT_OPTIONS)
     child, term = leading_child(spawn_inside, group, "cut", service)
     assert other.election(service).nominate("c-other") is False
     members, leaders = watch_child(other, group, service, "cut")
-    bound = loss_bound(other.backend, SESSION_TIMEOUT)
-    owned, fresh = f"{ns}/owned", f"{ns}/fresh"
+    bound = loss_bound(other, SESSION_TIMEOUT)
+    owned, fresh = f"{consensus_ns}/owned", f"{consensus_ns}/fresh"
     mark = len(child.lines)
-    child.send(f"PROBE_START {ns}/child")
+    child.send(f"PROBE_START {consensus_ns}/child")
 
     cut = time.monotonic()
     child.send("PROBE_FAULT begins")
     netns.cut()
     try:
         members.wait_last(lambda event: "cut" not in event.members, bound, what="the cut-off member gone")
-        record("cut -> member gone for others", time.monotonic() - cut)
+        consensus_record("cut -> member gone for others", time.monotonic() - cut)
         left = max(0.1, cut + bound - time.monotonic())
         moved = leaders.wait_for(lambda event: event.leader_id == "c-other", left, what="the new leader")
-        record("cut -> new leader", time.monotonic() - cut)
+        consensus_record("cut -> new leader", time.monotonic() - cut)
         assert moved.term is not None and moved.term > term
         fence = Leadership(service, "c-other", moved.term)
         stored = Versioned(b"new leader", other.storage.put(owned, b"new leader", fence=fence))
         lost, _ = child.expect("STATE LOST", bound, since=mark)
-        record("cut -> cut-off client LOST", child.arrivals[lost] - cut)
+        consensus_record("cut -> cut-off client LOST", child.arrivals[lost] - cut)
         told = child.lines.wait_index(
             lambda line: line.startswith("LEADER ") and not line.startswith("LEADER c-cut "),
             bound,
             since=mark,
             what="the cut-off client told it no longer leads",
         )
-        record("cut -> cut-off client told it does not lead", child.arrivals[told] - cut)
+        consensus_record("cut -> cut-off client told it does not lead", child.arrivals[told] - cut)
     finally:
         netns.heal()
     healed = time.monotonic()
     child.send("PROBE_FAULT ends")
     connected, _ = child.expect("STATE CONNECTED", bound, since=lost)
-    record("heal -> cut-off client CONNECTED", child.arrivals[connected] - healed)
+    consensus_record("heal -> cut-off client CONNECTED", child.arrivals[connected] - healed)
     members.wait_last(lambda event: "cut" in event.members, bound, what="the member re-joined")
-    record("heal -> member back for others", time.monotonic() - healed)
+    consensus_record("heal -> member back for others", time.monotonic() - healed)
 
-    _check_calls(child, mark, bound, record)
-    _check_stale_writes_fenced(child, {"update": owned, "put": fresh}, bound, record)
+    _check_calls(child, mark, bound, consensus_record)
+    _check_stale_writes_fenced(child, {"update": owned, "put": fresh}, bound, consensus_record)
     assert other.storage.fetch(owned) == stored
     assert other.storage.fetch(fresh) is None
 

@@ -39,45 +39,53 @@ def _flowing(session: Session) -> Callable[[], None]:
     return control
 
 
-def test_value_listener_first_event_reports_existing_value(session: Session, ns: str) -> None:
+def test_value_listener_first_event_reports_existing_value(
+    consensus_session: Session, consensus_ns: str
+) -> None:
     """The first event after registration on an existing key is its current value and version."""
-    version = session.storage.put(f"{ns}/k", b"now")
+    version = consensus_session.storage.put(f"{consensus_ns}/k", b"now")
     log: EventLog[ValueChanged] = EventLog("value")
-    session.listeners.add_value_listener(f"{ns}/k", log)
-    assert log.wait_count(1)[0] == ValueChanged(f"{ns}/k", b"now", version)
+    consensus_session.listeners.add_value_listener(f"{consensus_ns}/k", log)
+    assert log.wait_count(1)[0] == ValueChanged(f"{consensus_ns}/k", b"now", version)
 
 
-def test_value_listener_first_event_reports_missing_key(session: Session, ns: str) -> None:
+def test_value_listener_first_event_reports_missing_key(
+    consensus_session: Session, consensus_ns: str
+) -> None:
     """The first event after registration on a missing key is ValueChanged(key, None, None)."""
     log: EventLog[ValueChanged] = EventLog("value")
-    session.listeners.add_value_listener(f"{ns}/absent", log)
-    assert log.wait_count(1)[0] == ValueChanged(f"{ns}/absent", None, None)
+    consensus_session.listeners.add_value_listener(f"{consensus_ns}/absent", log)
+    assert log.wait_count(1)[0] == ValueChanged(f"{consensus_ns}/absent", None, None)
 
 
-def test_second_listener_on_same_key_gets_current_state_first(session: Session, ns: str) -> None:
+def test_second_listener_on_same_key_gets_current_state_first(
+    consensus_session: Session, consensus_ns: str
+) -> None:
     """A listener added while another already watches the key still gets the current state first."""
-    key = f"{ns}/k"
+    key = f"{consensus_ns}/k"
     first: EventLog[ValueChanged] = EventLog("first")
-    session.listeners.add_value_listener(key, first)
+    consensus_session.listeners.add_value_listener(key, first)
     first.wait_count(1)
-    version = session.storage.put(key, b"v")
+    version = consensus_session.storage.put(key, b"v")
     first.wait_for(lambda event: event.version == version)
     second: EventLog[ValueChanged] = EventLog("second")
-    session.listeners.add_value_listener(key, second)
+    consensus_session.listeners.add_value_listener(key, second)
     assert second.wait_count(1)[0] == ValueChanged(key, b"v", version)
 
 
-def test_value_listener_sees_put_update_delete_in_order(session: Session, ns: str) -> None:
+def test_value_listener_sees_put_update_delete_in_order(
+    consensus_session: Session, consensus_ns: str
+) -> None:
     """put, update and delete each reach the listener in order; a delete is value None, version None."""
-    key = f"{ns}/k"
+    key = f"{consensus_ns}/k"
     log: EventLog[ValueChanged] = EventLog("value")
-    session.listeners.add_value_listener(key, log)
+    consensus_session.listeners.add_value_listener(key, log)
     log.wait_count(1)
-    created = session.storage.put(key, b"a")
+    created = consensus_session.storage.put(key, b"a")
     log.wait_for(lambda event: event.version == created, what=f"version {created}")
-    updated = session.storage.update(key, b"b")
+    updated = consensus_session.storage.update(key, b"b")
     log.wait_for(lambda event: event.version == updated, what=f"version {updated}")
-    session.storage.delete(key)
+    consensus_session.storage.delete(key)
     log.wait_last(lambda event: event.version is None, what="the delete")
     assert log.events == [
         ValueChanged(key, None, None),
@@ -87,27 +95,29 @@ def test_value_listener_sees_put_update_delete_in_order(session: Session, ns: st
     ]
 
 
-def test_value_burst_is_ordered_and_converges(session: Session, ns: str) -> None:
+def test_value_burst_is_ordered_and_converges(consensus_session: Session, consensus_ns: str) -> None:
     """After a burst of updates, versions never went back and the last event equals the stored state."""
-    key = f"{ns}/burst"
-    session.storage.put(key, b"0")
+    key = f"{consensus_ns}/burst"
+    consensus_session.storage.put(key, b"0")
     log: EventLog[ValueChanged] = EventLog("value")
-    session.listeners.add_value_listener(key, log)
+    consensus_session.listeners.add_value_listener(key, log)
     for number in range(1, 40):
-        session.storage.update(key, str(number).encode())
-    stored = session.storage.fetch(key)
+        consensus_session.storage.update(key, str(number).encode())
+    stored = consensus_session.storage.fetch(key)
     assert stored is not None
     final = ValueChanged(key, stored.value, stored.version)
     log.wait_last(lambda event: event == final, what=f"convergence to {final}")
     _assert_never_back(log)
-    quiet_period(_flowing(session))
+    quiet_period(_flowing(consensus_session))
     assert log.events[-1] == final
 
 
-def test_listener_in_another_session_converges(open_session: SessionFactory, ns: str) -> None:
+def test_listener_in_another_session_converges(
+    consensus_open_session: SessionFactory, consensus_ns: str
+) -> None:
     """Writes by one session reach a listener of another session, in order, ending at the stored state."""
-    writer, watcher = open_session(), open_session()
-    key = f"{ns}/shared"
+    writer, watcher = consensus_open_session(), consensus_open_session()
+    key = f"{consensus_ns}/shared"
     log: EventLog[ValueChanged] = EventLog("remote value")
     watcher.listeners.add_value_listener(key, log)
     log.wait_count(1)
@@ -121,74 +131,82 @@ def test_listener_in_another_session_converges(open_session: SessionFactory, ns:
     log.wait_last(lambda event: event == ValueChanged(key, None, None), what="the delete")
 
 
-def test_keyset_listener_first_event_reports_current_keys(session: Session, ns: str) -> None:
+def test_keyset_listener_first_event_reports_current_keys(
+    consensus_session: Session, consensus_ns: str
+) -> None:
     """The first key-set event is the namespace's current keys, one level only."""
     for name in ("a", "b", "deep/c"):
-        session.storage.put(f"{ns}/{name}", b"")
+        consensus_session.storage.put(f"{consensus_ns}/{name}", b"")
     log: EventLog[KeySetChanged] = EventLog("keyset")
-    session.listeners.add_keyset_listener(ns, log)
-    assert log.wait_count(1)[0] == KeySetChanged(ns, frozenset({f"{ns}/a", f"{ns}/b"}))
+    consensus_session.listeners.add_keyset_listener(consensus_ns, log)
+    assert log.wait_count(1)[0] == KeySetChanged(
+        consensus_ns, frozenset({f"{consensus_ns}/a", f"{consensus_ns}/b"})
+    )
 
 
-def test_keyset_listener_first_event_on_empty_namespace(session: Session, ns: str) -> None:
+def test_keyset_listener_first_event_on_empty_namespace(
+    consensus_session: Session, consensus_ns: str
+) -> None:
     """The first key-set event of an empty namespace has an empty frozenset."""
     log: EventLog[KeySetChanged] = EventLog("keyset")
-    session.listeners.add_keyset_listener(f"{ns}/empty", log)
+    consensus_session.listeners.add_keyset_listener(f"{consensus_ns}/empty", log)
     first = log.wait_count(1)[0]
-    assert first == KeySetChanged(f"{ns}/empty", frozenset())
+    assert first == KeySetChanged(f"{consensus_ns}/empty", frozenset())
     assert isinstance(first.keys, frozenset)
 
 
-def test_keyset_listener_follows_adds_and_removes(open_session: SessionFactory, ns: str) -> None:
+def test_keyset_listener_follows_adds_and_removes(
+    consensus_open_session: SessionFactory, consensus_ns: str
+) -> None:
     """Key-set events follow puts and deletes one level below, and never list deeper keys."""
-    writer, watcher = open_session(), open_session()
+    writer, watcher = consensus_open_session(), consensus_open_session()
     log: EventLog[KeySetChanged] = EventLog("keyset")
-    watcher.listeners.add_keyset_listener(ns, log)
+    watcher.listeners.add_keyset_listener(consensus_ns, log)
     log.wait_count(1)
-    writer.storage.put(f"{ns}/a", b"")
-    log.wait_last(lambda event: event.keys == {f"{ns}/a"}, what="{a}")
-    writer.storage.put(f"{ns}/sub/deep", b"")
-    writer.storage.put(f"{ns}/b", b"")
-    log.wait_last(lambda event: event.keys == {f"{ns}/a", f"{ns}/b"}, what="{a, b}")
-    writer.storage.delete(f"{ns}/a")
-    log.wait_last(lambda event: event.keys == {f"{ns}/b"}, what="{b}")
-    assert all(f"{ns}/sub" not in event.keys for event in log.events), log.events
-    assert all(event.namespace == ns for event in log.events)
+    writer.storage.put(f"{consensus_ns}/a", b"")
+    log.wait_last(lambda event: event.keys == {f"{consensus_ns}/a"}, what="{a}")
+    writer.storage.put(f"{consensus_ns}/sub/deep", b"")
+    writer.storage.put(f"{consensus_ns}/b", b"")
+    log.wait_last(lambda event: event.keys == {f"{consensus_ns}/a", f"{consensus_ns}/b"}, what="{a, b}")
+    writer.storage.delete(f"{consensus_ns}/a")
+    log.wait_last(lambda event: event.keys == {f"{consensus_ns}/b"}, what="{b}")
+    assert all(f"{consensus_ns}/sub" not in event.keys for event in log.events), log.events
+    assert all(event.namespace == consensus_ns for event in log.events)
 
 
-def test_keyset_burst_converges(session: Session, ns: str) -> None:
+def test_keyset_burst_converges(consensus_session: Session, consensus_ns: str) -> None:
     """After a burst of puts and deletes, the last key-set event equals keys()."""
     log: EventLog[KeySetChanged] = EventLog("keyset")
-    session.listeners.add_keyset_listener(ns, log)
+    consensus_session.listeners.add_keyset_listener(consensus_ns, log)
     for number in range(20):
-        session.storage.put(f"{ns}/k{number}", b"")
+        consensus_session.storage.put(f"{consensus_ns}/k{number}", b"")
     for number in range(0, 20, 3):
-        session.storage.delete(f"{ns}/k{number}")
-    final = KeySetChanged(ns, session.storage.keys(ns))
+        consensus_session.storage.delete(f"{consensus_ns}/k{number}")
+    final = KeySetChanged(consensus_ns, consensus_session.storage.keys(consensus_ns))
     assert len(final.keys) == 13
     log.wait_last(lambda event: event == final, what="convergence to keys()")
-    quiet_period(_flowing(session))
+    quiet_period(_flowing(consensus_session))
     assert log.events[-1] == final
 
 
-def test_callbacks_run_on_the_dispatcher_thread(session: Session, ns: str) -> None:
+def test_callbacks_run_on_the_dispatcher_thread(consensus_session: Session, consensus_ns: str) -> None:
     """Value and key-set callbacks run on a consensus-dispatch thread, never the caller's thread."""
     values: EventLog[ValueChanged] = EventLog("value")
     keysets: EventLog[KeySetChanged] = EventLog("keyset")
-    session.listeners.add_value_listener(f"{ns}/k", values)
-    session.listeners.add_keyset_listener(ns, keysets)
-    version = session.storage.put(f"{ns}/k", b"v")
+    consensus_session.listeners.add_value_listener(f"{consensus_ns}/k", values)
+    consensus_session.listeners.add_keyset_listener(consensus_ns, keysets)
+    version = consensus_session.storage.put(f"{consensus_ns}/k", b"v")
     values.wait_for(lambda event: event.version == version)
-    keysets.wait_for(lambda event: f"{ns}/k" in event.keys)
+    keysets.wait_for(lambda event: f"{consensus_ns}/k" in event.keys)
     caller = threading.current_thread().name
     for name in values.threads + keysets.threads:
         assert is_dispatch_thread(name), f"callback ran on {name!r}"
         assert name != caller
 
 
-def test_raising_callback_does_not_stop_delivery(session: Session, ns: str) -> None:
+def test_raising_callback_does_not_stop_delivery(consensus_session: Session, consensus_ns: str) -> None:
     """A callback that raises keeps getting later events, and so do other listeners of the key."""
-    key = f"{ns}/k"
+    key = f"{consensus_ns}/k"
     seen: EventLog[ValueChanged] = EventLog("raising")
     calm: EventLog[ValueChanged] = EventLog("calm")
 
@@ -196,62 +214,62 @@ def test_raising_callback_does_not_stop_delivery(session: Session, ns: str) -> N
         seen(event)
         raise RuntimeError("a callback that raises (raised on purpose by the conformance suite)")
 
-    session.listeners.add_value_listener(key, explode)
-    session.listeners.add_value_listener(key, calm)
+    consensus_session.listeners.add_value_listener(key, explode)
+    consensus_session.listeners.add_value_listener(key, calm)
     seen.wait_count(1)
-    created = session.storage.put(key, b"1")
+    created = consensus_session.storage.put(key, b"1")
     seen.wait_for(lambda event: event.version == created, what="the put")
-    updated = session.storage.update(key, b"2")
+    updated = consensus_session.storage.update(key, b"2")
     seen.wait_for(lambda event: event.version == updated, what="the update after a raise")
     calm.wait_for(lambda event: event.version == updated, what="the update")
 
 
-def test_remove_value_listener_stops_delivery(session: Session, ns: str) -> None:
+def test_remove_value_listener_stops_delivery(consensus_session: Session, consensus_ns: str) -> None:
     """After remove_value_listener the callback gets nothing more; other listeners still do."""
-    key = f"{ns}/k"
+    key = f"{consensus_ns}/k"
     removed: EventLog[ValueChanged] = EventLog("removed")
     kept: EventLog[ValueChanged] = EventLog("kept")
-    session.listeners.add_value_listener(key, removed)
-    session.listeners.add_value_listener(key, kept)
-    created = session.storage.put(key, b"1")
+    consensus_session.listeners.add_value_listener(key, removed)
+    consensus_session.listeners.add_value_listener(key, kept)
+    created = consensus_session.storage.put(key, b"1")
     removed.wait_for(lambda event: event.version == created)
     kept.wait_for(lambda event: event.version == created)
-    session.listeners.remove_value_listener(key, removed)
+    consensus_session.listeners.remove_value_listener(key, removed)
     count = len(removed)
-    updated = session.storage.update(key, b"2")
+    updated = consensus_session.storage.update(key, b"2")
     kept.wait_for(lambda event: event.version == updated)
-    session.storage.delete(key)
+    consensus_session.storage.delete(key)
     kept.wait_last(lambda event: event.version is None)
-    quiet_period(_flowing(session))
+    quiet_period(_flowing(consensus_session))
     assert removed.events[count:] == []
 
 
-def test_remove_last_listener_stops_delivery(session: Session, ns: str) -> None:
+def test_remove_last_listener_stops_delivery(consensus_session: Session, consensus_ns: str) -> None:
     """Removing the only value listener of a key stops its deliveries; re-adding starts afresh."""
-    key = f"{ns}/k"
+    key = f"{consensus_ns}/k"
     log: EventLog[ValueChanged] = EventLog("value")
-    session.listeners.add_value_listener(key, log)
+    consensus_session.listeners.add_value_listener(key, log)
     log.wait_count(1)
-    session.listeners.remove_value_listener(key, log)
-    session.storage.put(key, b"unseen")
-    quiet_period(_flowing(session))
+    consensus_session.listeners.remove_value_listener(key, log)
+    consensus_session.storage.put(key, b"unseen")
+    quiet_period(_flowing(consensus_session))
     assert log.events == [ValueChanged(key, None, None)]
     again: EventLog[ValueChanged] = EventLog("again")
-    session.listeners.add_value_listener(key, again)
+    consensus_session.listeners.add_value_listener(key, again)
     assert again.wait_count(1)[0].value == b"unseen"
 
 
-def test_remove_keyset_listener_stops_delivery(session: Session, ns: str) -> None:
+def test_remove_keyset_listener_stops_delivery(consensus_session: Session, consensus_ns: str) -> None:
     """After remove_keyset_listener the callback gets nothing more; other listeners still do."""
     removed: EventLog[KeySetChanged] = EventLog("removed")
     kept: EventLog[KeySetChanged] = EventLog("kept")
-    session.listeners.add_keyset_listener(ns, removed)
-    session.listeners.add_keyset_listener(ns, kept)
+    consensus_session.listeners.add_keyset_listener(consensus_ns, removed)
+    consensus_session.listeners.add_keyset_listener(consensus_ns, kept)
     removed.wait_count(1)
     kept.wait_count(1)
-    session.listeners.remove_keyset_listener(ns, removed)
+    consensus_session.listeners.remove_keyset_listener(consensus_ns, removed)
     count = len(removed)
-    session.storage.put(f"{ns}/new", b"")
-    kept.wait_for(lambda event: f"{ns}/new" in event.keys)
-    quiet_period(_flowing(session))
+    consensus_session.storage.put(f"{consensus_ns}/new", b"")
+    kept.wait_for(lambda event: f"{consensus_ns}/new" in event.keys)
+    quiet_period(_flowing(consensus_session))
     assert removed.events[count:] == []

@@ -19,9 +19,9 @@ from consensus_api.conformance.helpers import (
 from consensus_api.conformance.plugin import WorkerFactory
 
 
-def test_join_adds_member_with_data(session: Session) -> None:
+def test_join_adds_member_with_data(consensus_session: Session) -> None:
     """join makes the id a member; members() lists it and membership() maps it to its data."""
-    group = session.group(unique("ct-group"))
+    group = consensus_session.group(unique("ct-group"))
     group.join("m1", b"data-1")
     group.join("m2")
     assert group.members() == {"m1", "m2"}
@@ -29,17 +29,17 @@ def test_join_adds_member_with_data(session: Session) -> None:
     assert group.membership() == {"m1": b"data-1", "m2": b""}
 
 
-def test_member_data_is_binary(session: Session) -> None:
+def test_member_data_is_binary(consensus_session: Session) -> None:
     """Member data of any bytes, including NULs and non-UTF-8, comes back unchanged."""
-    group = session.group(unique("ct-group"))
+    group = consensus_session.group(unique("ct-group"))
     data = bytes(range(256))
     group.join("bin", data)
     assert group.membership() == {"bin": data}
 
 
-def test_leave_removes_member(session: Session) -> None:
+def test_leave_removes_member(consensus_session: Session) -> None:
     """leave removes the member; the others stay."""
-    group = session.group(unique("ct-group"))
+    group = consensus_session.group(unique("ct-group"))
     group.join("m1")
     group.join("m2")
     group.leave("m1")
@@ -48,37 +48,37 @@ def test_leave_removes_member(session: Session) -> None:
     assert group.membership() == {}
 
 
-def test_rejoin_after_leave_with_new_data(session: Session) -> None:
+def test_rejoin_after_leave_with_new_data(consensus_session: Session) -> None:
     """An id that left can join again, with new data."""
-    group = session.group(unique("ct-group"))
+    group = consensus_session.group(unique("ct-group"))
     group.join("m", b"old")
     group.leave("m")
     group.join("m", b"new")
     assert group.membership() == {"m": b"new"}
 
 
-def test_duplicate_member_in_same_session_raises(session: Session) -> None:
+def test_duplicate_member_in_same_session_raises(consensus_session: Session) -> None:
     """Joining a live id again from the same session raises MemberExistsError and keeps the data."""
-    group = session.group(unique("ct-group"))
+    group = consensus_session.group(unique("ct-group"))
     group.join("m", b"first")
     with pytest.raises(MemberExistsError):
         group.join("m", b"second")
     assert group.membership() == {"m": b"first"}
 
 
-def test_duplicate_member_from_other_session_raises(open_session: SessionFactory) -> None:
+def test_duplicate_member_from_other_session_raises(consensus_open_session: SessionFactory) -> None:
     """Joining an id that another session holds raises MemberExistsError and keeps the holder."""
     name = unique("ct-group")
-    holder, other = open_session(), open_session()
+    holder, other = consensus_open_session(), consensus_open_session()
     holder.group(name).join("m", b"holder")
     with pytest.raises(MemberExistsError):
         other.group(name).join("m", b"intruder")
     assert other.group(name).membership() == {"m": b"holder"}
 
 
-def test_leave_of_unknown_id_raises_not_a_member(session: Session) -> None:
+def test_leave_of_unknown_id_raises_not_a_member(consensus_session: Session) -> None:
     """leave of an id this session never joined raises NotAMemberError."""
-    group = session.group(unique("ct-group"))
+    group = consensus_session.group(unique("ct-group"))
     with pytest.raises(NotAMemberError):
         group.leave("never-joined")
     group.join("m")
@@ -87,19 +87,19 @@ def test_leave_of_unknown_id_raises_not_a_member(session: Session) -> None:
         group.leave("m")
 
 
-def test_leave_of_other_sessions_member_raises(open_session: SessionFactory) -> None:
+def test_leave_of_other_sessions_member_raises(consensus_open_session: SessionFactory) -> None:
     """leave of an id another session holds raises NotAMemberError and the member stays."""
     name = unique("ct-group")
-    holder, other = open_session(), open_session()
+    holder, other = consensus_open_session(), consensus_open_session()
     holder.group(name).join("m")
     with pytest.raises(NotAMemberError):
         other.group(name).leave("m")
     assert holder.group(name).members() == {"m"}
 
 
-def test_groups_are_independent(session: Session) -> None:
+def test_groups_are_independent(consensus_session: Session) -> None:
     """The same member id can live in two groups; leaving one group keeps the other."""
-    first, second = session.group(unique("ct-group")), session.group(unique("ct-group"))
+    first, second = consensus_session.group(unique("ct-group")), consensus_session.group(unique("ct-group"))
     first.join("m", b"1")
     second.join("m", b"2")
     first.leave("m")
@@ -107,19 +107,19 @@ def test_groups_are_independent(session: Session) -> None:
     assert second.membership() == {"m": b"2"}
 
 
-def test_multi_segment_group_name(open_session: SessionFactory) -> None:
+def test_multi_segment_group_name(consensus_open_session: SessionFactory) -> None:
     """A key-like group name with several segments works like any other, across sessions."""
     name = f"ct/{unique('team')}/workers"
-    member, observer = open_session(), open_session()
+    member, observer = consensus_open_session(), consensus_open_session()
     member.group(name).join("m", b"x")
     assert observer.group(name).membership() == {"m": b"x"}
     assert observer.group(name.rsplit("/", 1)[0]).members() == frozenset()
 
 
-def test_observer_that_never_joined_sees_members(open_session: SessionFactory) -> None:
+def test_observer_that_never_joined_sees_members(consensus_open_session: SessionFactory) -> None:
     """A session that never joined sees the same members and data as the members' sessions."""
     name = unique("ct-group")
-    first, second, observer = open_session(), open_session(), open_session()
+    first, second, observer = consensus_open_session(), consensus_open_session(), consensus_open_session()
     first.group(name).join("a", b"A")
     second.group(name).join("b", b"B")
     expected = {"a": b"A", "b": b"B"}
@@ -128,10 +128,10 @@ def test_observer_that_never_joined_sees_members(open_session: SessionFactory) -
     assert second.group(name).membership() == expected
 
 
-def test_close_releases_member_at_once(open_session: SessionFactory) -> None:
+def test_close_releases_member_at_once(consensus_open_session: SessionFactory) -> None:
     """After a member's session closes, an observer's very next read no longer lists it."""
     name = unique("ct-group")
-    member, observer = open_session(), open_session()
+    member, observer = consensus_open_session(), consensus_open_session()
     member.group(name).join("m1")
     member.group(name).join("m2")
     observer.group(name).join("stays")
@@ -140,10 +140,10 @@ def test_close_releases_member_at_once(open_session: SessionFactory) -> None:
     assert observer.group(name).members() == {"stays"}
 
 
-def test_listener_first_event_is_current_membership(open_session: SessionFactory) -> None:
+def test_listener_first_event_is_current_membership(consensus_open_session: SessionFactory) -> None:
     """The first MembershipChanged is the current membership, as a Mapping of id to data."""
     name = unique("ct-group")
-    member, observer = open_session(), open_session()
+    member, observer = consensus_open_session(), consensus_open_session()
     member.group(name).join("m", b"data")
     log: EventLog[MembershipChanged] = EventLog("membership")
     observer.group(name).add_listener(log)
@@ -154,10 +154,10 @@ def test_listener_first_event_is_current_membership(open_session: SessionFactory
     assert is_dispatch_thread(log.threads[0])
 
 
-def test_listener_sees_joins_and_leaves(open_session: SessionFactory) -> None:
+def test_listener_sees_joins_and_leaves(consensus_open_session: SessionFactory) -> None:
     """A listener in another session sees every join and leave, ending at the current membership."""
     name = unique("ct-group")
-    member, observer = open_session(), open_session()
+    member, observer = consensus_open_session(), consensus_open_session()
     log: EventLog[MembershipChanged] = EventLog("membership")
     observer.group(name).add_listener(log)
     assert dict(log.wait_count(1)[0].members) == {}
@@ -172,15 +172,15 @@ def test_listener_sees_joins_and_leaves(open_session: SessionFactory) -> None:
     assert all(event.group == name for event in log.events)
 
 
-def test_remove_listener_stops_delivery(session: Session) -> None:
+def test_remove_listener_stops_delivery(consensus_session: Session) -> None:
     """After remove_listener the membership callback gets nothing more."""
-    group = session.group(unique("ct-group"))
+    group = consensus_session.group(unique("ct-group"))
     log: EventLog[MembershipChanged] = EventLog("membership")
     group.add_listener(log)
     log.wait_count(1)
     group.remove_listener(log)
     group.join("m")
-    quiet_period(lambda: _join_seen(session))
+    quiet_period(lambda: _join_seen(consensus_session))
     assert [dict(event.members) for event in log.events] == [{}]
 
 
@@ -196,14 +196,14 @@ def _join_seen(session: Session) -> None:
 
 
 def test_killed_members_session_leaves_the_group(
-    open_session: SessionFactory, spawn_worker: WorkerFactory
+    consensus_open_session: SessionFactory, consensus_spawn_worker: WorkerFactory
 ) -> None:
     """A member whose process is SIGKILLed leaves within session_timeout plus detection, for observers."""
     name, service = unique("ct-group"), unique("ct-service")
-    observer = open_session()
+    observer = consensus_open_session()
     log: EventLog[MembershipChanged] = EventLog("membership")
     observer.group(name).add_listener(log)
-    child = spawn_worker(
+    child = consensus_spawn_worker(
         "hold", "--group", name, "--member", "doomed", "--service", service, "--candidate", "c"
     )
     child.expect("READY", 60)

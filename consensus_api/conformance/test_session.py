@@ -26,21 +26,21 @@ from consensus_api.conformance.helpers import (
 from consensus_api.conformance.plugin import WorkerFactory
 
 
-def test_state_is_connected_after_connect(session: Session) -> None:
+def test_state_is_connected_after_connect(consensus_session: Session) -> None:
     """A freshly connected session is CONNECTED."""
-    assert session.state is SessionState.CONNECTED
+    assert consensus_session.state is SessionState.CONNECTED
 
 
-def test_backend_name_is_reported(session: Session) -> None:
+def test_backend_name_is_reported(consensus_session: Session) -> None:
     """session.backend is a non-empty, lower-case name."""
-    assert isinstance(session.backend, str)
-    assert session.backend
-    assert session.backend == session.backend.strip().lower()
+    assert isinstance(consensus_session.backend, str)
+    assert consensus_session.backend
+    assert consensus_session.backend == consensus_session.backend.strip().lower()
 
 
-def test_close_sets_closed_and_tells_state_listeners(open_session: SessionFactory) -> None:
+def test_close_sets_closed_and_tells_state_listeners(consensus_open_session: SessionFactory) -> None:
     """close() makes the state CLOSED and state listeners get CLOSED on the dispatcher thread."""
-    session = open_session()
+    session = consensus_open_session()
     log: EventLog[SessionState] = EventLog("state")
     session.add_state_listener(log)
     session.close()
@@ -49,22 +49,22 @@ def test_close_sets_closed_and_tells_state_listeners(open_session: SessionFactor
     assert all(is_dispatch_thread(name) for name in log.threads), log.threads
 
 
-def test_close_is_idempotent(open_session: SessionFactory) -> None:
+def test_close_is_idempotent(consensus_open_session: SessionFactory) -> None:
     """A second close() is a no-op and the state stays CLOSED."""
-    session = open_session()
+    session = consensus_open_session()
     session.close()
     session.close()
     assert session.state is SessionState.CLOSED
 
 
-def test_context_manager_closes_session(open_session: SessionFactory, ns: str) -> None:
+def test_context_manager_closes_session(consensus_open_session: SessionFactory, consensus_ns: str) -> None:
     """Leaving a with-block closes the session, also when the block raises."""
-    with open_session() as session:
-        session.storage.put(f"{ns}/k", b"v")
+    with consensus_open_session() as session:
+        session.storage.put(f"{consensus_ns}/k", b"v")
         inside = session.state
     assert inside is SessionState.CONNECTED
     assert session.state is SessionState.CLOSED
-    failing = open_session()
+    failing = consensus_open_session()
     with pytest.raises(RuntimeError), failing:
         raise RuntimeError("raised on purpose inside the with-block")
     assert failing.state is SessionState.CLOSED
@@ -89,45 +89,51 @@ def _calls_after_close(session: Session, ns: str) -> dict[str, Callable[[], obje
     }
 
 
-def test_calls_after_close_raise_session_lost(open_session: SessionFactory, ns: str) -> None:
+def test_calls_after_close_raise_session_lost(
+    consensus_open_session: SessionFactory, consensus_ns: str
+) -> None:
     """Every storage, membership and election call on a closed session raises SessionLostError."""
-    session = open_session()
-    session.storage.put(f"{ns}/k", b"v")
+    session = consensus_open_session()
+    session.storage.put(f"{consensus_ns}/k", b"v")
     session.close()
-    for name, call in _calls_after_close(session, ns).items():
+    for name, call in _calls_after_close(session, consensus_ns).items():
         with pytest.raises(SessionLostError):
             call()
             pytest.fail(f"{name}() on a closed session did not raise")
 
 
-def test_closing_one_session_leaves_others_working(open_session: SessionFactory, ns: str) -> None:
+def test_closing_one_session_leaves_others_working(
+    consensus_open_session: SessionFactory, consensus_ns: str
+) -> None:
     """Closing one session does not disturb another session of the same backend."""
-    first, second = open_session(), open_session()
+    first, second = consensus_open_session(), consensus_open_session()
     name = unique("ct-group")
     second.group(name).join("m")
     first.close()
     assert second.state is SessionState.CONNECTED
-    assert second.storage.put(f"{ns}/k", b"v") > 0
+    assert second.storage.put(f"{consensus_ns}/k", b"v") > 0
     assert second.group(name).members() == {"m"}
 
 
-def test_repr_names_backend_and_state_without_password(session: Session, consensus_url: str) -> None:
+def test_repr_names_backend_and_state_without_password(
+    consensus_session: Session, consensus_url: str
+) -> None:
     """repr(session) shows the URL's scheme and the state, and never the password."""
-    text = repr(session)
-    assert session.url.scheme in text
+    text = repr(consensus_session)
+    assert consensus_session.url.scheme in text
     assert "CONNECTED" in text
-    if session.url.password:
-        assert session.url.password not in text
-        assert session.url.password not in str(session.url)
+    if consensus_session.url.password:
+        assert consensus_session.url.password not in text
+        assert consensus_session.url.password not in str(consensus_session.url)
 
 
 def test_paused_member_is_dropped_then_rejoins(
-    open_session: SessionFactory, spawn_worker: WorkerFactory, ns: str
+    consensus_open_session: SessionFactory, consensus_spawn_worker: WorkerFactory, consensus_ns: str
 ) -> None:
     """A SIGSTOPped leader is dropped for observers; resumed, it is told, goes LOST, re-joins, is fenced."""
     group, service = unique("ct-group"), unique("ct-service")
-    observer = open_session()
-    child = spawn_worker(
+    observer = consensus_open_session()
+    child = consensus_spawn_worker(
         "hold", "--group", group, "--member", "paused", "--service", service, "--candidate", "c-child"
     )
     _, ready = child.expect("READY", 60)
@@ -161,10 +167,10 @@ def test_paused_member_is_dropped_then_rejoins(
     assert told < connected, child.lines.events
     members.wait_last(lambda event: "paused" in event.members, bound, what="the child re-joined")
     assert observer.election(service).leadership() == Leadership(service, "c-observer", moved.term)
-    child.send(f"FENCED_PUT {ns}/fenced")
+    child.send(f"FENCED_PUT {consensus_ns}/fenced")
     _, result = child.expect("FENCED_PUT", bound)
     assert result == "FENCED_PUT fenced"
-    assert observer.storage.fetch(f"{ns}/fenced") is None
+    assert observer.storage.fetch(f"{consensus_ns}/fenced") is None
     child.send("EXIT")
     child.expect("BYE", bound)
     wait_until(lambda: "paused" not in observer.group(group).members(), bound, what="the child left on close")

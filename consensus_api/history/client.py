@@ -2,8 +2,9 @@
 
 The URL comes from ``$CONSENSUS_URL`` (credentials stay off the command line).
 The process talks to the runner in lines. It prints ``READY`` once connected
-and listening, ``SESSION <id> <password hex>`` whenever its ZooKeeper session
-changes (for real server-side expiry), ``STOPPED`` after ``STOP`` on stdin
+and listening, ``SESSION <JSON>`` whenever its session is (re-)established
+(what names it on the server, ``Backend.fault_identity``, for a real
+server-side expiry), ``STOPPED`` after ``STOP`` on stdin
 (the workload has ended), ``DONE`` after ``FINAL`` (it waits until its
 listeners have been quiet for ``QUIET`` seconds, at most ``SETTLE_MAX``,
 reads each watched object directly and records that read as a ``final``
@@ -17,6 +18,7 @@ stdin closes.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import queue
 import random
@@ -45,20 +47,10 @@ def say(line: str) -> None:
         sys.stdout.flush()
 
 
-def zookeeper_client_id(session: Session) -> tuple[int, bytes] | None:
-    """The ZooKeeper ``(session id, password)`` of ``session``, or None on other backends."""
-    connection = getattr(session._backend, "_connection", None)
-    client = getattr(connection, "client", None)
-    client_id = getattr(client, "client_id", None)
-    if isinstance(client_id, tuple) and len(client_id) == 2:
-        return int(client_id[0]), bytes(client_id[1])
-    return None
-
-
 def report_session(session: Session) -> None:
-    client_id = zookeeper_client_id(session)
-    if client_id is not None:
-        say(f"SESSION {client_id[0]} {client_id[1].hex()}")
+    """Tell the runner what names ``session`` on the server now (``Backend.fault_identity``)."""
+    identity = session._backend.fault_identity()  # the SPI's test-only hook
+    say(f"SESSION {json.dumps(identity, separators=(',', ':'))}")
 
 
 class Commands:

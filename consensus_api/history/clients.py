@@ -10,6 +10,7 @@ history processes; the kill time is kept for the outstanding operation's
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 EXIT_WAIT = 5.0
 
@@ -29,7 +31,7 @@ class ClientProcess:
         self.slot = slot
         self.spawn = spawn
         self.process = process
-        self.session: tuple[int, bytes] | None = None
+        self.identity: dict[str, Any] | None = None
         self.said: set[str] = set()
         self.changed = threading.Condition()
         threading.Thread(target=self._read, name=f"chaos-client-{spawn}", daemon=True).start()
@@ -38,8 +40,8 @@ class ClientProcess:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             words = line.split()
-            if len(words) == 3 and words[0] == "SESSION":
-                self.session = (int(words[1]), bytes.fromhex(words[2]))
+            if words[:1] == ["SESSION"]:
+                self.identity = json.loads(line.partition(" ")[2])
             elif words:
                 with self.changed:
                     self.said.add(words[0])
@@ -142,9 +144,9 @@ class Clients:
         with self._lock:
             self._by_slot[slot].signal(signal.SIGCONT)
 
-    def zookeeper_session(self, slot: int) -> tuple[int, bytes] | None:
+    def fault_identity(self, slot: int) -> dict[str, Any] | None:
         with self._lock:
-            return self._by_slot[slot].session
+            return self._by_slot[slot].identity
 
     def respawn_exited(self) -> None:
         """Start a new process for every slot whose process ended on its own."""

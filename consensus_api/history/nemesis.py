@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from consensus_api.history.journal import Journal
 from consensus_api.history.schema import INVOKE, NEMESIS, OK
@@ -39,7 +39,7 @@ class ClientControl(Protocol):
 
     def resume(self, slot: int) -> None: ...
 
-    def zookeeper_session(self, slot: int) -> tuple[int, bytes] | None: ...
+    def fault_identity(self, slot: int) -> Mapping[str, Any] | None: ...
 
 
 class Nemesis:
@@ -51,7 +51,7 @@ class Nemesis:
         clients: ClientControl,
         *,
         server: ServerHandle | None,
-        zookeeper_hosts: str | None,
+        expire_session: Callable[[Mapping[str, Any]], None] | None,
         session_timeout: float,
         journal: Journal,
         rng: random.Random,
@@ -59,7 +59,7 @@ class Nemesis:
         self.faults = sorted(faults)
         self.clients = clients
         self.server = server
-        self.zookeeper_hosts = zookeeper_hosts
+        self.expire_session = expire_session
         self.session_timeout = session_timeout
         self.journal = journal
         self.rng = rng
@@ -138,18 +138,18 @@ class Nemesis:
         return detail
 
     def _expire(self) -> None:
-        """ZooKeeper: a real server-side expiry; elsewhere a client paused past its session timeout."""
+        """A real server-side expiry (``expire_session``) of a client's current session when it has
+        one; otherwise (no expirer, or no server-side session right now) the client paused past its
+        session timeout."""
         slot = self.rng.choice(self.clients.slots())
-        session = self.clients.zookeeper_session(slot) if self.zookeeper_hosts else None
-        if session is not None and self.zookeeper_hosts is not None:
-            from consensus_api.testing import expire_zookeeper_session  # noqa: PLC0415 - needs the test extra
-
-            hosts = self.zookeeper_hosts
-            self._record(
-                "expire-session",
-                f"client {slot} session {session[0]:#x}",
-                lambda: expire_zookeeper_session(hosts, session[0], session[1], timeout=10),
-            )
+        identity = self.clients.fault_identity(slot)
+        expire = self.expire_session
+        if (
+            expire is not None
+            and identity
+            and all(value not in (None, [], "") for value in identity.values())
+        ):
+            self._record("expire-session", f"client {slot} on the server", lambda: expire(identity))
             return
         hold = self.session_timeout * 1.5 + 0.5
         self._record(

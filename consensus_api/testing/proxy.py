@@ -31,7 +31,10 @@ import threading
 from urllib.parse import urlsplit, urlunsplit
 
 from consensus_api.closing import Closing
-from consensus_api.testing._process import HOST
+
+#: The loopback address every test server listens on (``consensus_api.testing._process.HOST``); kept
+#: here too so the proxy works without the launchers' ``testing`` extra.
+HOST = "127.0.0.1"
 
 #: How often blocked threads look at the proxy's state, in seconds.
 TICK = 0.05

@@ -69,19 +69,3 @@ def start(workdir: Path | None = None) -> ServerHandle:
         probe=lambda: probe(port),
     )
     return launch(handle, START_TIMEOUT)
-
-
-def expire_zookeeper_session(hosts: str, session_id: int, password: bytes, timeout: float = 10) -> None:
-    """Expire a session on the server, as a real expiry would.
-
-    A second client attaches to the session and closes it; the server then drops
-    the session's ephemeral nodes and the original client sees LOST.
-    """
-    from kazoo.client import KazooClient  # noqa: PLC0415 - kazoo is only needed for this helper
-
-    client = KazooClient(hosts=hosts, client_id=(session_id, password))
-    client.start(timeout=timeout)
-    try:
-        client.stop()
-    finally:
-        client.close()

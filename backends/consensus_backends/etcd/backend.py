@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyetcd import etcdrpc
 
@@ -51,6 +51,9 @@ from consensus_backends.etcd._errors import CompactedError
 from consensus_backends.etcd._layout import Layout, prefix_end
 from consensus_backends.etcd._lease import LeaseKeeper
 from consensus_backends.etcd._watch import PrefixWatch
+
+if TYPE_CHECKING:
+    from consensus_api.conformance.profile import TestProfile
 
 DEFAULT_PORT = 2379
 
@@ -303,6 +306,13 @@ class EtcdBackend(Backend):
             return self._client.status_version(self._deadline())
         except ConsensusError:
             return None
+
+    @classmethod
+    def test_profile(cls, url: BackendURL) -> TestProfile:
+        """``consensus_backends.etcd.profile``."""
+        from consensus_backends.etcd import profile  # noqa: PLC0415 - only tests need it
+
+        return profile.ETCD
 
     def fault_identity(self) -> dict[str, object]:
         """The session's lease: ``{"lease": id}`` (None while it is being replaced; tests only)."""

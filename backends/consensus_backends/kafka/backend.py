@@ -42,6 +42,7 @@ from consensus_backends.kafka.records import Command, Op
 from consensus_backends.kafka.state import Outcome, Result, StateMachine
 
 if TYPE_CHECKING:
+    from consensus_api.conformance.profile import TestProfile
     from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
 
 
@@ -221,6 +222,13 @@ class KafkaBackend(Backend):
             touched = [target for target in targets if target in self._watched]
         for target in touched:
             self.events.changed(target)
+
+    @classmethod
+    def test_profile(cls, url: BackendURL) -> TestProfile:
+        """``consensus_backends.kafka.profile``."""
+        from consensus_backends.kafka import profile  # noqa: PLC0415 - only tests need it
+
+        return profile.KAFKA
 
     def fault_identity(self) -> dict[str, object]:
         """The session's Kafka group members: ``{"members": [[group id, member id], ...]}`` (tests only)."""

@@ -31,13 +31,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy
 from sqlalchemy import Connection, Engine
 
 from consensus_api.backend import Backend, Target
-from consensus_api.config import boolean, positive_float, string
+from consensus_api.config import BackendURL, boolean, positive_float, string
 from consensus_api.errors import (
     BackendUnavailableError,
     OperationTimeoutError,
@@ -56,6 +56,9 @@ from consensus_backends.sql.engine import (
     is_retryable,
 )
 from consensus_backends.sql.schema import Tables
+
+if TYPE_CHECKING:
+    from consensus_api.conformance.profile import TestProfile
 
 log = logging.getLogger("consensus_api.sql")
 
@@ -221,6 +224,13 @@ class SQLBackend(Backend):
         """PostgreSQL's ``server_version``, or the SQLite library's version (both read at connect)."""
         version = self._engine.dialect.server_version_info
         return None if version is None else ".".join(str(part) for part in version)
+
+    @classmethod
+    def test_profile(cls, url: BackendURL) -> TestProfile:
+        """SQLite's or PostgreSQL's (``consensus_backends.sql.profile``)."""
+        from consensus_backends.sql import profile  # noqa: PLC0415 - only tests need it
+
+        return profile.SQLITE if url.scheme == "sqlite" else profile.POSTGRESQL
 
     def fault_identity(self) -> dict[str, object]:
         """The session's lease row: ``{"sessions_table": name, "session_id": id}`` (tests only)."""

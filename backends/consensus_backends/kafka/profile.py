@@ -1,0 +1,44 @@
+"""Test profile of the Kafka backend (``consensus_api.conformance.profile``).
+
+Detection delay: the coordinator expires the member after ``session_timeout``;
+the remaining candidates need a heartbeat (``session_timeout / 6``, at most
+1 s) to notice the rebalance, a JoinGroup/SyncGroup round and a claim through
+the command log. Server-side expiry: LeaveGroup for each of the session's group
+members (the admin API's ``remove_group_members``): the broker drops them and
+rebalances; the client learns it at its next heartbeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kafka.admin import KafkaAdminClient, MemberToRemove
+
+from consensus_api.config import BackendURL
+from consensus_api.conformance.profile import TestProfile, moved_to_free_port
+
+DEFAULT_PORT = 9092
+
+
+def _expire(url: BackendURL, identity: Mapping[str, Any], timeout: float) -> None:
+    admin = KafkaAdminClient(
+        bootstrap_servers=url.host_list(DEFAULT_PORT),
+        request_timeout_ms=int(timeout * 1000),
+        bootstrap_timeout_ms=int(timeout * 1000),
+    )
+    try:
+        for group_id, member_id in identity["members"]:
+            admin.remove_group_members(group_id, [MemberToRemove(member_id=member_id)])
+    finally:
+        admin.close()
+
+
+KAFKA = TestProfile(
+    name="kafka",
+    server="kafka",
+    detection_delay=lambda session_timeout: min(1.0, session_timeout / 6) + 1.5,
+    expire_session=_expire,
+    unreachable_url=moved_to_free_port,
+    not_applicable={"database_file": "a database-file fault (SQLite only)"},
+)

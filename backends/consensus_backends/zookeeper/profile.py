@@ -1,0 +1,44 @@
+"""Test profile of the ZooKeeper backend (``consensus_api.conformance.profile``).
+
+Detection delay: the server expires sessions on tick boundaries (``tickTime``
+500 ms on the test server): up to two ticks. Server-side expiry: a second
+client attaches to the session (its id and password) and closes it; the server
+then drops the session's ephemeral nodes and the original client sees LOST.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from consensus_api.config import BackendURL
+from consensus_api.conformance.profile import TestProfile, moved_to_free_port
+
+DEFAULT_PORT = 2181
+
+
+def expire_zookeeper_session(hosts: str, session_id: int, password: bytes, timeout: float = 10) -> None:
+    """Expire the session ``session_id`` on the servers ``hosts`` (``h:p,...``) as a real expiry would."""
+    client = KazooClient(hosts=hosts, client_id=(session_id, password))
+    client.start(timeout=timeout)
+    try:
+        client.stop()
+    finally:
+        client.close()
+
+
+def _expire(url: BackendURL, identity: Mapping[str, Any], timeout: float) -> None:
+    hosts = url.host_list(DEFAULT_PORT)
+    expire_zookeeper_session(hosts, int(identity["session_id"]), bytes.fromhex(identity["password"]), timeout)
+
+
+ZOOKEEPER = TestProfile(
+    name="zookeeper",
+    server="zookeeper",
+    detection_delay=lambda session_timeout: 1.0,
+    expire_session=_expire,
+    unreachable_url=moved_to_free_port,
+    not_applicable={"database_file": "a database-file fault (SQLite only)"},
+)

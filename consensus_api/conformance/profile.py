@@ -1,0 +1,129 @@
+"""A backend's test profile: what the conformance suite needs to know to test it, declared by the backend.
+
+Every backend declares its profile in its own package and returns it from
+``Backend.test_profile(url)``; the suite (``consensus_api.conformance``), the
+fault tools (``consensus_api.testing.faults``), ``consensus servers`` and
+``consensus chaos`` read nothing per backend but this. A minimal profile::
+
+    from consensus_api.conformance.profile import TestProfile, moved_to_free_port
+
+    PROFILE = TestProfile(
+        name="mystore",
+        server="postgresql",  # the consensus_api.testing launcher of its server; None: none
+        detection_delay=lambda session_timeout: 1.0,
+        expire_session=expire_on_server,  # (url, Backend.fault_identity(), timeout) -> None
+        unreachable_url=moved_to_free_port,
+        not_applicable={"database_file": "mystore is a server, not a database file"},
+    )
+
+Tests that need something only some backends have carry a marker (``MARKERS``);
+a test runs unless the profile declares one of its markers not applicable, with
+the reason. Nothing else makes a test "not applicable": a test that cannot run
+for any other reason (no server control file, no network namespace) fails.
+Nothing here imports pytest or a backend.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from consensus_api.config import BackendURL, Endpoint, parse_url
+from consensus_api.errors import ConfigurationError
+from consensus_api.testing import SERVER_NAMES
+
+#: What a test marked with each marker needs; a profile may declare any of them not applicable.
+MARKERS: Mapping[str, str] = {
+    "requires_server": "a server process the suite controls (kill, pause, restart, proxy)",
+    "database_file": "a database file other processes lock and write (SQLite)",
+    "network_namespace": "clients in Linux network namespaces cut off from the server",
+    "session_expiry": "ending a session from the server side (TestProfile.expire_session)",
+}
+
+#: ``expire_session(url, identity, timeout)``: end the session ``identity`` names on the server at ``url``.
+SessionExpirer = Callable[[BackendURL, Mapping[str, Any], float], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TestProfile:
+    """How the conformance suite tests one backend (for one URL scheme).
+
+    ``name``: the backend's name in reports and timings (``Session.backend``).
+    ``server``: the ``consensus_api.testing`` launcher (``SERVER_NAMES``) that
+    starts its server (``consensus servers run NAME``); the control file the
+    fault tests read must be for it. None when the backend has no server process
+    (or none a launcher starts): then ``requires_server`` must be declared not
+    applicable.
+    ``detection_delay(session_timeout)``: seconds the backend may add to
+    ``session_timeout`` before others see a dead session's members and
+    candidacies gone (the fault tests allow this plus scheduling slack).
+    ``expire_session``: ends a session on the server as a real expiry would,
+    given what ``Backend.fault_identity()`` returned; never through the
+    session's own client. None only with ``session_expiry`` not applicable.
+    ``unreachable_url(url, workdir)``: the tested URL moved to a place nothing
+    serves, keeping scheme and path (``workdir`` is an empty scratch directory).
+    ``not_applicable``: marker (``MARKERS``) -> why tests with it do not apply.
+    """
+
+    __test__ = False  # not a pytest test class despite its name
+
+    name: str
+    server: str | None
+    detection_delay: Callable[[float], float]
+    expire_session: SessionExpirer | None
+    unreachable_url: Callable[[BackendURL, Path], BackendURL]
+    not_applicable: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.not_applicable) - set(MARKERS)
+        if unknown:
+            raise ConfigurationError(
+                f"test profile {self.name!r} declares unknown markers not applicable: {sorted(unknown)}; "
+                f"known: {', '.join(MARKERS)}"
+            )
+        if self.server is not None and self.server not in SERVER_NAMES:
+            raise ConfigurationError(
+                f"test profile {self.name!r} names the server {self.server!r}, which no launcher starts; "
+                f"known: {', '.join(SERVER_NAMES)}"
+            )
+        if self.server is None and "requires_server" not in self.not_applicable:
+            raise ConfigurationError(
+                f"test profile {self.name!r} has no server: declare 'requires_server' not applicable, "
+                "with the reason"
+            )
+        if self.expire_session is None and "session_expiry" not in self.not_applicable:
+            raise ConfigurationError(
+                f"test profile {self.name!r} has no expire_session: declare 'session_expiry' not "
+                "applicable, with the reason"
+            )
+
+    def reason_not_applicable(self, markers: set[str]) -> str | None:
+        """Why a test with ``markers`` does not apply to this backend, or None if it does."""
+        return next((self.not_applicable[m] for m in sorted(markers) if m in self.not_applicable), None)
+
+
+def profile_for(url: str | BackendURL) -> TestProfile:
+    """The test profile of the backend serving ``url`` (``Backend.test_profile``).
+
+    ``ConfigurationError`` for an unknown scheme, a missing extra, or a backend
+    that declares no profile (never a fallback).
+    """
+    from consensus_api.registry import load_backend  # noqa: PLC0415 - registry imports the backend SPI
+
+    parsed = parse_url(url)[0] if isinstance(url, str) else url
+    profile = load_backend(parsed.scheme).test_profile(parsed)
+    if not isinstance(profile, TestProfile):
+        raise ConfigurationError(f"the {parsed.scheme!r} backend's test_profile() returned {profile!r}")
+    return profile
+
+
+def moved_to_free_port(url: BackendURL, workdir: Path) -> BackendURL:
+    """``url`` with a single endpoint: a loopback port nothing listens on (for server backends; an
+    ``unreachable_url`` that needs no ``workdir``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return replace(url, endpoints=(Endpoint("127.0.0.1", port),))
