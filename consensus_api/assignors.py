@@ -5,7 +5,7 @@ take, and what it owns now) to the resources each member gets. Every
 resource in some member's subscription goes to exactly one member subscribed
 to it; the result is deterministic (it depends only on the subscriptions).
 Names follow Kafka's consumer assignors, and double as protocol names in
-protocol negotiation (SPEC section 8): a member lists the assignors it
+protocol negotiation (docs/spec.md section 8): a member lists the assignors it
 supports in order of preference, the group uses the most preferred one that
 every member supports.
 

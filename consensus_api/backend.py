@@ -111,7 +111,7 @@ class Backend(ABC):
     def close(self) -> None:
         """Release every member and candidacy at once and disconnect. Idempotent."""
 
-    # Storage (SPEC section 4)
+    # Storage (docs/spec.md section 4)
 
     @abstractmethod
     def fetch(self, key: str) -> Versioned | None:
@@ -145,7 +145,7 @@ class Backend(ABC):
         not yielded. Order is unspecified.
         """
 
-    # Group membership (SPEC section 6)
+    # Group membership (docs/spec.md section 6)
 
     @abstractmethod
     def join(self, group: str, member_id: str, data: bytes) -> None:
@@ -159,7 +159,7 @@ class Backend(ABC):
     def membership(self, group: str) -> dict[str, bytes]:
         """The live members of ``group`` and their data."""
 
-    # Leader election (SPEC section 7)
+    # Leader election (docs/spec.md section 7)
 
     @abstractmethod
     def nominate(self, service: str, candidate_id: str) -> bool:
@@ -176,7 +176,7 @@ class Backend(ABC):
     def leadership(self, service: str) -> Leadership | None:
         """The current leader and term, or None."""
 
-    # Watches (SPEC section 5)
+    # Watches (docs/spec.md section 5)
 
     @abstractmethod
     def watch(self, target: Target) -> None:
@@ -232,7 +232,7 @@ class Backend(ABC):
         """
         return {}
 
-    # Coordinator (SPEC section 8)
+    # Coordinator (docs/spec.md section 8)
 
     def coordinator_engine(
         self, group: str, protocol_type: str, host: EngineHost, rebalance_timeout: float

@@ -1,4 +1,4 @@
-"""Resolving the backend URL and options (SPEC section 2).
+"""Resolving the backend URL and options (docs/spec.md section 2).
 
 Resolution order for the URL: the ``url`` argument, ``$CONSENSUS_URL``,
 ``consensus.toml`` in the working directory (or the file ``$CONSENSUS_CONFIG``
@@ -196,7 +196,7 @@ def build_options(
 
 
 def resolve(url: str | None) -> tuple[str, dict[str, Any]]:
-    """The URL to use and the options from the config file, by the SPEC's order."""
+    """The URL to use and the options from the config file, in the order of docs/spec.md section 2."""
     if url is not None:
         return url, {}
     env_url = os.environ.get(ENV_URL)

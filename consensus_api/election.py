@@ -1,4 +1,4 @@
-"""Leader election with fencing terms (SPEC section 7, KIP-30 LeaderElectionClient)."""
+"""Leader election with fencing terms (docs/spec.md section 7, KIP-30 LeaderElectionClient)."""
 
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ class FencedError(ConsensusError):
 
 
 class InvalidKeyError(ConsensusError, ValueError):
-    """A key, namespace or name breaks the key rules (SPEC section 4)."""
+    """A key, namespace or name breaks the key rules (docs/spec.md section 4)."""
 
 
 class ValueTooLargeError(ConsensusError, ValueError):

@@ -1,4 +1,4 @@
-"""Validation of keys, names and values, done before any I/O (SPEC section 4)."""
+"""Validation of keys, names and values, done before any I/O (docs/spec.md section 4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Listener bookkeeping and ordered, converging delivery (SPEC section 5).
+"""Listener bookkeeping and ordered, converging delivery (docs/spec.md section 5).
 
 A backend only says that a target may have changed; the hub re-reads the
 target on the dispatcher thread and gives every callback the state it has

@@ -1,4 +1,4 @@
-"""Group membership (SPEC section 6, KIP-30 GroupMembershipClient)."""
+"""Group membership (docs/spec.md section 6, KIP-30 GroupMembershipClient)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from types import MappingProxyType
 
 
 class SessionState(enum.Enum):
-    """Liveness of a session (SPEC section 3)."""
+    """Liveness of a session (docs/spec.md section 3)."""
 
     CONNECTED = "connected"
     SUSPENDED = "suspended"

@@ -1,4 +1,4 @@
-"""Sessions: one client's connection and liveness (SPEC sections 2 and 3)."""
+"""Sessions: one client's connection and liveness (docs/spec.md sections 2 and 3)."""
 
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ class Session(Closing):
         *,
         rebalance_timeout: float | None = None,
     ) -> Coordinator:
-        """A member of ``group`` in Kafka's rebalance protocol (SPEC section 8); joins on
+        """A member of ``group`` in Kafka's rebalance protocol (docs/spec.md section 8); joins on
         ``ensure_active_group``. Closed with the session."""
         return self._attach(
             Coordinator(self._port, group, protocol_type, handler, rebalance_timeout=rebalance_timeout)

@@ -1,4 +1,4 @@
-"""Versioned key-value storage (SPEC section 4, KIP-30 Storage)."""
+"""Versioned key-value storage (docs/spec.md section 4, KIP-30 Storage)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class Storage:
 
     def _write(self, fence: Leadership | None, write: Callable[[], T]) -> T:
         """Run ``write``; ``FencedError`` where it failed because this session, the holder of the
-        fence's candidacy, was lost: a lost session's candidacies are void (SPEC section 3), and a
+        fence's candidacy, was lost: a lost session's candidacies are void (docs/spec.md section 3), and a
         write that raised ``SessionLostError`` was not applied (backend SPI)."""
         try:
             return write()

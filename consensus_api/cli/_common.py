@@ -90,7 +90,7 @@ class ConsensusGroup(click.Group):
 
 
 def url_option(func: F) -> F:
-    """The ``--url`` option every command takes; default: the SPEC section 2 resolution."""
+    """The ``--url`` option every command takes; default: the docs/spec.md section 2 resolution."""
     return click.option(
         "--url",
         metavar="URL",
@@ -132,7 +132,7 @@ def expand_url(url: str | None) -> str | None:
 def resolved_url(url: str | None) -> str:
     """One URL string that means what ``connect(url)`` means, for handing to another process.
 
-    Without ``url`` this follows the SPEC section 2 order; options from a
+    Without ``url`` this follows the docs/spec.md section 2 order; options from a
     config file become query parameters (the URL's own query wins).
     """
     raw, file_options = config.resolve(expand_url(url))

@@ -1,4 +1,4 @@
-"""``consensus conformance``: run the contract suite (SPEC section 10) in-process against a URL."""
+"""``consensus conformance``: run the contract suite (docs/spec.md section 10) in-process against a URL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``consensus kv``: read and write the versioned key-value storage (SPEC section 4)."""
+"""``consensus kv``: read and write the versioned key-value storage (docs/spec.md section 4)."""
 
 from __future__ import annotations
 

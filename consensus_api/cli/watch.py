@@ -1,4 +1,4 @@
-"""``consensus watch``: print the events of a key or a namespace (SPEC section 5)."""
+"""``consensus watch``: print the events of a key or a namespace (docs/spec.md section 5)."""
 
 from __future__ import annotations
 

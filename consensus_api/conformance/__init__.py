@@ -1,4 +1,4 @@
-"""The consensus-api contract as a pytest suite (SPEC section 10), and a pytest plugin to run it.
+"""The consensus-api contract as a pytest suite (docs/spec.md section 10), and a pytest plugin to run it.
 
 Run it against any backend URL::
 
@@ -15,7 +15,7 @@ pytest run that does not ask for it sees none of its options or fixtures.
 (e.g. a longer ``session_timeout`` for a backend whose minimum is higher).
 What each backend needs - its server, detection delay, server-side expiry,
 what does not apply - is its test profile (``consensus_api.conformance.profile``).
-One module per SPEC section; the section's name is the module name without
+One module per docs/spec.md section; the section's name is the module name without
 ``test_`` (a section may go on in ``test_<section>_<more>.py``). Every test
 namespaces its keys, groups and services uniquely, so the suite never depends
 on (or wipes) what the backend already holds.
@@ -24,7 +24,7 @@ on (or wipes) what the backend already holds.
 #: Loaded by pytest when this package is a plugin (``-p consensus_api.conformance``).
 pytest_plugins = ["consensus_api.conformance.plugin"]
 
-#: The sections of the suite, in SPEC order: ``test_<section>.py`` each.
+#: The sections of the suite, in the order of docs/spec.md: ``test_<section>.py`` each.
 SECTIONS = (
     "storage",
     "listeners",

@@ -1,4 +1,4 @@
-"""Concurrency: racing creates and compare-and-set loops from threads and processes (SPEC 4, 6, 7)."""
+"""Concurrency: racing creates and CAS loops from threads and processes (docs/spec.md sections 4, 6, 7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC section 8: the Coordinator (KIP-795) and incremental (KIP-848) rebalancing."""
+"""docs/spec.md section 8: the Coordinator (KIP-795) and incremental (KIP-848) rebalancing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC section 7: leader election, terms and fenced writes."""
+"""docs/spec.md section 7: leader election, terms and fenced writes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Errors (SPEC sections 2, 4 and 9): bad input, bad URLs and options, an unreachable backend, secrets."""
+"""Errors (docs/spec.md sections 2, 4, 9): bad input, bad URLs and options, unreachable backends, secrets."""
 
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def test_non_callable_listener_raises_type_error(
 
 
 def test_errors_are_exported_and_derive_from_consensus_error() -> None:
-    """Every error the SPEC names is importable from consensus_api and is a ConsensusError."""
+    """Every error docs/spec.md names is importable from consensus_api and is a ConsensusError."""
     for name in SPEC_ERRORS:
         error = getattr(consensus_api, name)
         assert issubclass(error, ConsensusError), name

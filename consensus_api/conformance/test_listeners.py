@@ -1,4 +1,4 @@
-"""SPEC section 5: value and key-set listeners and their four delivery rules."""
+"""docs/spec.md section 5: value and key-set listeners and their four delivery rules."""
 
 from __future__ import annotations
 

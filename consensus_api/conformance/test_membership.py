@@ -1,4 +1,4 @@
-"""SPEC section 6: group membership with ephemeral members."""
+"""docs/spec.md section 6: group membership with ephemeral members."""
 
 from __future__ import annotations
 

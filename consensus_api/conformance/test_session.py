@@ -1,4 +1,4 @@
-"""SPEC section 3: sessions, their states, and loss and re-join of ephemeral state."""
+"""docs/spec.md section 3: sessions, their states, and loss and re-join of ephemeral state."""
 
 from __future__ import annotations
 
@@ -159,7 +159,8 @@ def test_paused_member_is_dropped_then_rejoins(
         child.signal(signal.SIGCONT)
 
     # The child must learn it no longer leads before it is CONNECTED again: by LeaderChanged(None) when
-    # the loss is reported first, or by the new leader's LeaderChanged when a watch fires first (SPEC 7).
+    # the loss is reported first, or by the new leader's LeaderChanged when a watch fires first
+    # (docs/spec.md section 7).
     told, line = child.expect("LEADER", bound, since=mark)
     assert not line.startswith("LEADER c-child "), f"after the loss the child still reports {line!r}"
     lost, _ = child.expect("STATE LOST", bound, since=mark)

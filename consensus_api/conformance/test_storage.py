@@ -1,4 +1,4 @@
-"""SPEC section 4: versioned, linearizable key-value storage."""
+"""docs/spec.md section 4: versioned, linearizable key-value storage."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Coordinator (SPEC section 8): Kafka's rebalance protocol, and incremental rebalancing.
+"""The Coordinator (docs/spec.md section 8): Kafka's rebalance protocol, and incremental rebalancing.
 
 * :class:`Coordinator` (``session.coordinator``): register with protocol
   metadata, one member is the leader and assigns, every member receives its

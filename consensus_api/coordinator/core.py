@@ -1,4 +1,4 @@
-"""The Coordinator (SPEC section 8, KIP-795): one member of a group that rebalances.
+"""The Coordinator (docs/spec.md section 8, KIP-795): one member of a group that rebalances.
 
 Register with protocol metadata, one member is chosen leader and assigns, every
 member receives its assignment: Kafka's rebalance protocol as an API. The

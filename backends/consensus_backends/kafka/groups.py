@@ -85,7 +85,7 @@ class Groups:
         self._cleaning = False
         self.driver: Driver | None = None
 
-    # Membership (SPEC section 6)
+    # Membership (docs/spec.md section 6)
 
     def join(self, group: str, member_id: str, data: bytes) -> None:
         """Join ``group`` as ``member_id``; returns once a generation accepted the member."""
@@ -99,7 +99,7 @@ class Groups:
         """The live members of ``group`` and their data."""
         return self._roster(self._settings.group_id(group))
 
-    # Election (SPEC section 7)
+    # Election (docs/spec.md section 7)
 
     def nominate(self, service: str, candidate_id: str) -> bool:
         """Become a candidate; True if it holds the lease once its first generation settles."""
