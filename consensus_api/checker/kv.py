@@ -98,7 +98,7 @@ def check_key(
         lin_finding.verdict, lin_finding.message = UNKNOWN, result.reason
     elif result.verdict == wgl.ILLEGAL:
         lin_finding.verdict = VIOLATION
-        lin_finding.message, lin_finding.timeline = shrink(history, result, budget)
+        lin_finding.message, lin_finding.timeline = shrink(history.items(), result, budget)
     listeners = Finding(LISTENERS, key, PASS, len(events))
     if listener_problems:
         listeners.verdict = VIOLATION
