@@ -15,6 +15,7 @@ linearizable history stays linearizable under it), so the slice is itself a proo
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,20 +36,25 @@ class History:
 
     ``observed`` maps a written value to the first time it was seen (a read's
     return, an event's arrival). A write whose outcome is unknown but whose
-    unique value was seen took effect before that: it gets that time as its
-    return, which is sound and keeps it from staying open forever.
+    value was seen took effect before that when no other operation wrote the
+    same value: it gets that time as its return, which is sound and keeps it
+    from staying open forever. A value written more than once gives no such
+    hint (the sighting may be of the other write): the write stays open.
     """
 
     pairs: list[tuple[Operation, model.Op]]
     observed: dict[str, int] = field(default_factory=dict)
 
     def items(self) -> list[Item]:
-        return [(op, m, op.call, self._ret(op, m)) for op, m in self.pairs]
+        writers = Counter(m[1] for _, m in self.pairs if m[0] in (model.PUT, model.UPDATE))
+        return [(op, m, op.call, self._ret(op, m, writers)) for op, m in self.pairs]
 
-    def _ret(self, op: Operation, m: model.Op) -> int | None:
+    def _ret(self, op: Operation, m: model.Op, writers: Counter[str | None]) -> int | None:
         if m[3] != model.UNKNOWN:
             return op.ret
-        seen = self.observed.get(m[1]) if m[1] is not None else None  # a put's or update's value
+        if m[1] is None or writers[m[1]] != 1:  # a delete, or a value written more than once
+            return None
+        seen = self.observed.get(m[1])  # the put's or update's value
         return seen if seen is not None and seen > op.call else None
 
     def search(self, budget: wgl.Budget, final: model.Op | None, end: int) -> wgl.Result[model.State]:
