@@ -98,7 +98,7 @@ def check_objects(table: Any, model_name: str, budget: wgl.Budget, explain: bool
     for (file, key), items in objects.items():
         items.sort(key=lambda i: i[2])
         began = time.perf_counter()
-        result = search_items(items, kind.initial, budget, kind.step)
+        result = search_items(items, kind.initial, budget, kind.step, deepest=explain)
         detail: dict[str, Any] = {"message": result.reason}
         if result.verdict == wgl.ILLEGAL and explain:
             detail = _explain(items, result, budget, kind)

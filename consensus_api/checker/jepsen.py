@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Final
 
@@ -65,6 +66,12 @@ class ExternalOp:
     op: models.Op
 
 
+@lru_cache(maxsize=4096)
+def _token(text: str) -> edn.Value:
+    """``edn.read`` of a log line's field: a few distinct texts recur on every line."""
+    return edn.read(text)
+
+
 def _log_entries(text: str) -> Iterator[Entry | tuple[int, str]]:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -80,8 +87,8 @@ def _log_entries(text: str) -> Iterator[Entry | tuple[int, str]]:
             yield number, "expected '<process> :<type> :<f> <value>' after 'jepsen.util -'"
             continue
         try:
-            kind, f = edn.read(op.group("type")), edn.read(op.group("f"))
-            value = edn.read(op.group("value") or "nil")
+            kind, f = _token(op.group("type")), _token(op.group("f"))
+            value = _token(op.group("value") or "nil")
         except edn.EdnError as exc:
             yield number, str(exc)
             continue

@@ -68,10 +68,12 @@ class History:
         return wgl.search(calls, rets, ops, model.step, initial=model.INITIAL, budget=budget)
 
 
-def search_items(items: list[Item], initial: Any, budget: wgl.Budget, step: Any) -> wgl.Result[Any]:
-    """The WGL search over ``items`` from ``initial``."""
+def search_items(
+    items: list[Item], initial: Any, budget: wgl.Budget, step: Any, deepest: bool = True
+) -> wgl.Result[Any]:
+    """The WGL search over ``items`` from ``initial`` (``deepest``: see ``wgl.search``)."""
     calls, rets, ops = [i[2] for i in items], [i[3] for i in items], [i[1] for i in items]
-    return wgl.search(calls, rets, ops, step, initial=initial, budget=budget)
+    return wgl.search(calls, rets, ops, step, initial=initial, budget=budget, deepest=deepest)
 
 
 def shrink(
@@ -88,7 +90,7 @@ def shrink(
     def illegal(trial: list[Item], initial: Any = kind.initial) -> bool:
         if time.monotonic() >= deadline:
             return False
-        return search_items(trial, initial, small, kind.step).verdict == wgl.ILLEGAL
+        return search_items(trial, initial, small, kind.step, deepest=False).verdict == wgl.ILLEGAL
 
     if failed[3] is not None:
         cut = _truncate(items, failed, failed[3], kind)
