@@ -3,10 +3,10 @@
 One self-contained file without scripts: a table of every file's verdict,
 then per violation the key's operations on a time line (one row per
 process, a bar from invoke to completion, open to the right when the outcome
-is unknown) as inline SVG. Bars in the longest linearizable prefix found are
-green and numbered in their linearization order, the operation that could
-not follow it is red, the rest grey; the minimal failing window follows as a
-table. All text from the histories is HTML-escaped.
+is unknown) as inline SVG; a label too long for its bar shows on hover. Bars
+in the longest linearizable prefix found are green and numbered in their
+linearization order, the operation that could not follow it is red and
+labelled, the rest grey; the minimal failing window follows as a table. All text from the histories is HTML-escaped.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ _STYLE: Final = (
 _ROW: Final = 26
 _LEFT: Final = 80
 _SCALE: Final = 14  # pixels per line of the history
+_CHAR: Final = 6  # pixels per character of a label
 
 
 def _e(value: object) -> str:
@@ -57,10 +58,14 @@ def timeline_svg(items: list[dict[str, Any]]) -> str:
         dash = " stroke-dasharray='4 3'" if item["end"] is None else ""
         order = "" if item.get("prefix") is None else f"{item['prefix'] + 1}: "
         title = f"{order}{item['label']} (lines {item['start']}-{item['end'] or 'never'})"
+        text = order + item["label"]
+        if (
+            not item["mark"] and len(text) * _CHAR > w
+        ):  # too long for its bar: the number only, the rest on hover
+            text = order.rstrip(": ") if len(order) * _CHAR <= w + _CHAR else ""
         parts.append(
             f"<g><title>{_e(title)}</title><rect x='{x}' y='{y}' width='{w}' height='{_ROW - 8}' "
-            f"fill='{color}' stroke='#555'{dash}/><text x='{x + 2}' y='{y + 12}'>{_e(order + item['label'])}"
-            "</text></g>"
+            f"fill='{color}' stroke='#555'{dash}/><text x='{x + 2}' y='{y + 12}'>{_e(text)}</text></g>"
         )
     parts.append("</svg>")
     return "".join(parts)
