@@ -6,7 +6,8 @@ process, a bar from invoke to completion, open to the right when the outcome
 is unknown) as inline SVG; a label too long for its bar shows on hover. Bars
 in the longest linearizable prefix found are green and numbered in their
 linearization order, the operation that could not follow it is red and
-labelled, the rest grey; the minimal failing window follows as a table. All text from the histories is HTML-escaped.
+labelled, the rest grey; the minimal failing window follows as a table.
+All text from the histories is HTML-escaped.
 """
 
 from __future__ import annotations
