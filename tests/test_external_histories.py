@@ -146,6 +146,7 @@ def test_info_and_fail_semantics() -> None:
     """``:info`` may take effect any time after its invoke, or never; ``:fail`` never took effect."""
     lines = [
         "0 :invoke :write 1",
+        ':nemesis :info :start "Cut off {:n5 #{:n3 :n1}}"',  # a fault, not an operation
         "0 :ok :write 1",
         "1 :invoke :write 2",
         "1 :info :write :timed-out",  # may take effect later
@@ -165,7 +166,7 @@ def test_info_and_fail_semantics() -> None:
         return wgl.search(calls, rets, steps, kind.step, initial=kind.initial, budget=wgl.Budget()).verdict
 
     assert verdict(lines) == wgl.OK
-    assert verdict(lines[:8]) == wgl.OK  # ... or never
+    assert verdict(lines[:9]) == wgl.OK  # ... or never
     assert (
         verdict([*lines, "5 :invoke :read nil", "5 :ok :read 3"]) == wgl.ILLEGAL
     )  # the failed cas did nothing

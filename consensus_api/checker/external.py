@@ -195,14 +195,14 @@ def check_files(
         keys = {o.key for o in ops}
         verdicts[str(file)] = FileVerdict(str(file), PASS, len(ops), len(keys), time.perf_counter() - began)
     table = to_table(parsed)
-    if engine == "local":
+    if engine not in ("local", "spark"):
+        raise ConfigurationError(f"unknown engine {engine!r}; expected spark or local")
+    if engine == "local" or table.num_rows == 0:
         output = check_objects(table, model_name, budget, explain)
-    elif engine == "spark":
+    else:
         from consensus_api.checker.spark import run_objects  # noqa: PLC0415 - optional
 
         output = run_objects(table, model_name, budget, explain, session or _session(master))
-    else:
-        raise ConfigurationError(f"unknown engine {engine!r}; expected spark or local")
     for row in output.to_pylist():
         _merge(verdicts[row["file"]], row)
     return list(verdicts.values())

@@ -3,10 +3,12 @@
 Formats (each file is one history; line order is time order):
 
 - ``jepsen-log``: ``INFO  jepsen.util - <process> :<type> :<f> <value>``,
-  fields separated by tabs or spaces; other loggers' lines and blank lines
+  fields separated by tabs or spaces; other loggers' lines, the nemesis's
+  lines (``:nemesis`` as the process: faults, not operations) and blank lines
   are skipped. No key: the history has one object.
 - ``jepsen-edn``: one map per line, ``{:process 3, :type :invoke, :f :put,
-  :key "7", :value "x"}`` (``:key`` optional); blank lines are skipped.
+  :key "7", :value "x"}`` (``:key`` optional); blank lines and the
+  nemesis's maps (``:process :nemesis``) are skipped.
 
 Guarantees: every operation has its invoke and at most one completion of the
 same process and ``f``; a process has at most one operation open; values
@@ -33,6 +35,8 @@ FORMATS: Final = ("jepsen-log", "jepsen-edn")
 TYPES: Final = ("invoke", "ok", "fail", "info")
 _LOG: Final = re.compile(r"^\s*\w+\s+(?P<logger>\S+)\s+-\s+(?P<rest>.*?)\s*$")
 _LOG_OP: Final = re.compile(r"^(?P<process>\d+)\s+(?P<type>:\S+)\s+(?P<f>:\S+)(?:\s+(?P<value>.*))?$")
+_NEMESIS_LOG: Final = re.compile(r"^:nemesis\s")
+_NEMESIS_EDN: Final = re.compile(r"[{,\s]:process\s+:nemesis[\s,}]")
 
 
 class HistoryParseError(ConfigurationError):
@@ -80,7 +84,7 @@ def _log_entries(text: str) -> Iterator[Entry | tuple[int, str]]:
         if match is None:
             yield number, "not a log line (<LEVEL> <logger> - <message>)"
             continue
-        if match.group("logger") != "jepsen.util":
+        if match.group("logger") != "jepsen.util" or _NEMESIS_LOG.match(match.group("rest")):
             continue
         op = _LOG_OP.match(match.group("rest"))
         if op is None:
@@ -100,7 +104,7 @@ def _log_entries(text: str) -> Iterator[Entry | tuple[int, str]]:
 
 def _edn_entries(text: str) -> Iterator[Entry | tuple[int, str]]:
     for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+        if not line.strip() or _NEMESIS_EDN.search(line):
             continue
         try:
             record = edn.read(line)
