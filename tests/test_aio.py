@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 import consensus_api as ca
 from consensus_api import aio
+from consensus_api.conformance.test_aio import SLOW_STEP, blocked_steps
 from consensus_api.testing import ServerHandle
 
 BACKENDS = ["sqlite", "postgresql", "etcd", "zookeeper"]
@@ -116,11 +118,25 @@ def test_group_election_and_state_streams(url: str) -> None:
     run(main)
 
 
-def test_no_call_blocks_the_event_loop(url: str, caplog: pytest.LogCaptureFixture) -> None:
-    """asyncio's debug mode logs every callback that holds the loop longer than 50 ms: none does."""
+def test_the_blocking_detector_sees_a_blocking_call(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The positive control: a synchronous session used in a task is reported."""
 
     async def main() -> None:
-        asyncio.get_running_loop().slow_callback_duration = 0.05
+        asyncio.get_running_loop().slow_callback_duration = SLOW_STEP
+        with ca.connect(f"sqlite:///{tmp_path / 'x.db'}") as session:
+            session.storage.put("k", b"v")
+            time.sleep(SLOW_STEP)  # what a slow server does to a blocking call
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        run(main, debug=True)
+    assert len(blocked_steps(caplog.records)) == 1
+
+
+def test_no_call_blocks_the_event_loop(url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """asyncio's debug mode reports every task step that holds the loop too long: none does."""
+
+    async def main() -> None:
+        asyncio.get_running_loop().slow_callback_duration = SLOW_STEP
         async with aio.connect(url) as session:
             async with session.listeners.watch("busy") as events:
                 assert (await anext(events)).value is None
@@ -135,8 +151,7 @@ def test_no_call_blocks_the_event_loop(url: str, caplog: pytest.LogCaptureFixtur
 
     with caplog.at_level(logging.WARNING, logger="asyncio"):
         run(main, debug=True)
-    slow = [record.getMessage() for record in caplog.records if record.name == "asyncio"]
-    assert slow == [], slow
+    assert blocked_steps(caplog.records) == []
 
 
 def test_async_coordinator_handler_runs_on_the_loop(url: str) -> None:
@@ -153,7 +168,7 @@ def test_async_coordinator_handler_runs_on_the_loop(url: str) -> None:
             self, leader_id: str, protocol: str, members: Mapping[str, bytes]
         ) -> dict[str, bytes]:
             await asyncio.sleep(0)
-            return {member: b"all" for member in members}
+            return dict.fromkeys(members, b"all")
 
         async def on_join_complete(self, generation: int, member_id: str, protocol: str, data: bytes) -> None:
             calls.append(("complete", data == b"all"))
