@@ -15,7 +15,6 @@ never a key, a value, member data or a URL's credentials.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import threading
 import time
@@ -44,10 +43,13 @@ _instruments: _Instruments | None = None
 
 
 def otel_installed() -> bool:
-    """True when the ``otel`` extra (opentelemetry-api) is importable."""
-    return importlib.util.find_spec("opentelemetry") is not None and (
-        importlib.util.find_spec("opentelemetry.metrics") is not None
-    )
+    """True when the ``otel`` extra (opentelemetry-api) is importable (then it is imported)."""
+    try:
+        import opentelemetry.metrics  # noqa: PLC0415 - the optional otel extra
+        import opentelemetry.trace  # noqa: PLC0415, F401
+    except ImportError:
+        return False
+    return True
 
 
 class _Instruments:
@@ -223,5 +225,8 @@ def serve_prometheus(port: int, host: str = "127.0.0.1") -> None:
             f"metrics export needs the {PROMETHEUS_EXTRA!r} extra: pip install "
             f"'consensus-api[{PROMETHEUS_EXTRA}]' ({exc.name} is missing)"
         ) from None
-    start_http_server(port, addr=host)
+    try:
+        start_http_server(port, addr=host)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
     metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))

@@ -15,8 +15,9 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable
+from functools import partial
 from types import TracebackType
-from typing import Generic, Self, TypeVar
+from typing import Generic, Self, TypeVar, cast
 
 from consensus_api.errors import ConfigurationError
 
@@ -52,11 +53,21 @@ class Bridge:
         half-updated. A ``write`` (its description) cancelled while running
         raises ``CancelledError`` saying its effect is unknown, like ``OperationTimeoutError``.
         """
-        future = self._pool.submit(call)
+        outcome: asyncio.Future[T] = self.loop.create_future()
+
+        def work() -> None:
+            try:
+                result = call()
+            except BaseException as exc:
+                self.call_on_loop(partial(_settle, outcome, None, exc))
+            else:
+                self.call_on_loop(partial(_settle, outcome, result, None))
+
+        job = self._pool.submit(work)
         try:
-            return await asyncio.wrap_future(future, loop=self.loop)
+            return await outcome
         except asyncio.CancelledError as cancelled:
-            if write is None or future.cancelled():
+            if job.cancel() or write is None:
                 raise
             raise asyncio.CancelledError(
                 f"{write} was cancelled while in flight: its effect is unknown "
@@ -74,6 +85,16 @@ class Bridge:
         except RuntimeError:
             return False
         return True
+
+
+def _settle(outcome: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
+    """Complete ``outcome`` on the loop, unless its awaiting task was cancelled meanwhile."""
+    if outcome.done():
+        return
+    if error is not None:
+        outcome.set_exception(error)
+    else:
+        outcome.set_result(cast(T, result))
 
 
 class EventStream(Generic[E]):
