@@ -90,6 +90,8 @@ class Bridge:
 def _settle(outcome: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
     """Complete ``outcome`` on the loop, unless its awaiting task was cancelled meanwhile."""
     if outcome.done():
+        ending = "completed" if error is None else f"failed ({type(error).__name__})"
+        log.debug("a call whose awaiting task was cancelled has %s", ending)
         return
     if error is not None:
         outcome.set_exception(error)
