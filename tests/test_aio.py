@@ -114,6 +114,7 @@ def test_group_election_and_state_streams(url: str) -> None:
             assert await anext(states) is ca.SessionState.CONNECTED
         assert [state async for state in states] == [ca.SessionState.CLOSED]
         assert [event async for event in members] in ([], [ca.MembershipChanged("workers", {})])
+        assert [event async for event in session.listeners.watch("late")] == []  # closed: ends at once
 
     run(main)
 
@@ -185,6 +186,28 @@ def test_async_coordinator_handler_runs_on_the_loop(url: str) -> None:
 
     run(main)
     assert calls == [("prepare", True), ("complete", True), ("leave", True)]
+
+
+def test_incremental_coordinator_with_an_async_listener(url: str) -> None:
+    owned: set[str] = set()
+
+    class Listener:
+        async def on_assigned(self, resources: frozenset[str]) -> None:
+            await asyncio.sleep(0)
+            owned.update(resources)
+
+        async def on_revoked(self, resources: frozenset[str]) -> None:
+            owned.difference_update(resources)
+
+    async def main() -> None:
+        async with aio.connect(url) as session:
+            member = await session.incremental_coordinator("shards", ["a", "b", "c"], Listener())
+            await member.ensure_active_group()
+            assert owned == {"a", "b", "c"} == member.assignment()
+            await member.close()
+            assert owned == set()
+
+    run(main)
 
 
 def test_bad_arguments_fail_before_io(tmp_path: Path) -> None:

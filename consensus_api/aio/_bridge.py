@@ -165,7 +165,11 @@ class EventStream(Generic[E]):
     async def __anext__(self) -> E:
         if not self._subscribed and not self._finished:
             self._subscribed = True
-            await self._bridge.run(lambda: self._subscribe(self.push))
+            try:
+                await self._bridge.run(lambda: self._subscribe(self.push))
+            except BaseException:
+                self._subscribed = False
+                raise
             if self._current is not None:
                 first = self._current()
                 with self._lock:

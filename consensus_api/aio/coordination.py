@@ -52,7 +52,7 @@ class AsyncGroup:
 
     def watch(self) -> EventStream[MembershipChanged]:
         """The membership now, then after every change (coalesced for a slow consumer)."""
-        return self._session.stream(self._group.add_listener, self._group.remove_listener)
+        return self._session._stream(self._group.add_listener, self._group.remove_listener)
 
 
 class AsyncElection:
@@ -83,7 +83,7 @@ class AsyncElection:
     def watch(self) -> EventStream[LeaderChanged]:
         """The leader now, then after every change; ``LeaderChanged(service, None, None)`` (nobody
         leads, or this session's leadership was lost) is never coalesced away."""
-        return self._session.stream(
+        return self._session._stream(
             self._election.add_listener,
             self._election.remove_listener,
             sticky=lambda event: event.leader_id is None,

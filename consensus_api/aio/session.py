@@ -26,6 +26,7 @@ from consensus_api.coordinator.core import HANDLER_METHODS
 from consensus_api.coordinator.handler import check_resource_listener, require_callbacks
 from consensus_api.coordinator.member import DEFAULT_REBALANCE_TIMEOUT
 from consensus_api.keys import check_key, check_namespace
+from consensus_api.listeners import ListenerRegistry
 from consensus_api.model import KeySetChanged, Leadership, SessionState, ValueChanged, Versioned
 
 #: Threads of a session's pool for blocking calls, unless ``connect(workers=...)`` says otherwise.
@@ -85,7 +86,7 @@ class AsyncSession:
         self._bridge = bridge
         self._streams: set[EventStream[Any]] = set()
         self.storage = AsyncStorage(session, bridge)
-        self.listeners = AsyncListeners(self)
+        self.listeners = AsyncListeners(session.listeners, self._stream)
 
     @property
     def url(self) -> BackendURL:
@@ -117,7 +118,7 @@ class AsyncSession:
     def states(self) -> EventStream[SessionState]:
         """The session's states: the current one first, then every change (a loss is never
         coalesced away); ends after CLOSED."""
-        return self.stream(
+        return self._stream(
             self._session.add_state_listener,
             self._session.remove_state_listener,
             sticky=lambda state: state is SessionState.LOST,
@@ -175,12 +176,15 @@ class AsyncSession:
                 stream.finish()
             self._bridge.shutdown()
 
-    def stream(self, subscribe: Any, unsubscribe: Any, **behaviour: Any) -> EventStream[Any]:
-        """A new event stream of this session (ended when the session closes)."""
+    def _stream(self, subscribe: Any, unsubscribe: Any, **behaviour: Any) -> EventStream[Any]:
+        """A new event stream of this session, ended when the session closes (at once if it is)."""
         created: EventStream[Any] = EventStream(
             self._bridge, subscribe, unsubscribe, on_finish=self._streams.discard, **behaviour
         )
-        self._streams.add(created)
+        if self._session.state is SessionState.CLOSED:
+            created.finish()
+        else:
+            self._streams.add(created)
         return created
 
     async def __aenter__(self) -> Self:
@@ -241,22 +245,23 @@ class AsyncStorage:
 class AsyncListeners:
     """Value and key-set events as async iterators (``async for event in ...watch(key)``)."""
 
-    def __init__(self, session: AsyncSession) -> None:
-        self._session = session
+    def __init__(self, listeners: ListenerRegistry, stream: Callable[..., EventStream[Any]]) -> None:
+        self._listeners = listeners
+        self._stream = stream
 
     def watch(self, key: str) -> EventStream[ValueChanged]:
         """The value of ``key`` now, then after every change (coalesced for a slow consumer)."""
         key = check_key(key)
-        listeners = self._session._session.listeners
-        return self._session.stream(
+        listeners = self._listeners
+        return self._stream(
             partial(listeners.add_value_listener, key), partial(listeners.remove_value_listener, key)
         )
 
     def watch_keys(self, namespace: str) -> EventStream[KeySetChanged]:
         """The keys one level below ``namespace`` now, then after every change."""
         namespace = check_namespace(namespace)
-        listeners = self._session._session.listeners
-        return self._session.stream(
+        listeners = self._listeners
+        return self._stream(
             partial(listeners.add_keyset_listener, namespace),
             partial(listeners.remove_keyset_listener, namespace),
         )
