@@ -229,7 +229,7 @@ class Lock:
                 self._lease = Lease(self.name, token, self.shared, holder)
                 return self._lease
         except BaseException:
-            self._step_out(lease, quietly=True)
+            self._step_out(lease, quietly=True, unknown=True)
             raise
         finally:
             for target in watching:
@@ -273,21 +273,26 @@ class Lock:
         if self._losses != losses or self._session.state is SessionState.CLOSED:
             raise SessionLostError(f"the session was lost while acquiring lock {self.name!r}")
 
-    def _step_out(self, lease: Lease, *, quietly: bool = False) -> None:
+    def _step_out(self, lease: Lease, *, quietly: bool = False, unknown: bool = False) -> None:
         """Leave the queue and the shared holders, whichever this session still tracks (what a lost
-        session held is gone already); ``quietly``: errors are ignored."""
+        session held is gone already); ``quietly``: errors are ignored. ``unknown``: a queue or group
+        call failed with an unknown effect, so untracked places are withdrawn from the backend too
+        (a place left behind would block the lock until the session ends)."""
         session, service, holder = self._session, self._service, lease.holder
         failure: ConsensusError | None = None
-        for tracked, step in (
-            (session.holds_candidacy, session.resign),
-            (session.holds_member, session.leave),
-        ):
-            if not tracked(service, holder):
-                continue
+        backend = session.backend_for_call
+        places: list[tuple[Callable[[str, str], bool], Callable[[str, str], None], Callable[[], Any]]] = [
+            (session.holds_candidacy, session.resign, lambda: backend().resign(service, holder)),
+            (session.holds_member, session.leave, lambda: backend().leave(service, holder)),
+        ]
+        for tracked, step, withdraw in places:
             try:
-                step(service, holder)
+                if tracked(service, holder):
+                    step(service, holder)
+                elif unknown:
+                    withdraw()
             except NotAMemberError:
-                pass  # voided by a session loss meanwhile
+                pass  # voided by a session loss meanwhile, or never placed
             except ConsensusError as exc:
                 failure = failure or exc
         if failure is not None and not quietly:
