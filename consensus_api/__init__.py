@@ -36,6 +36,7 @@ from consensus_api.errors import (
     VersionConflictError,
 )
 from consensus_api.listeners import ListenerRegistry
+from consensus_api.lock import Lease, Lock, LockLost
 from consensus_api.membership import GroupMembership
 from consensus_api.model import (
     Event,
@@ -71,7 +72,10 @@ __all__ = [
     "LeaderChanged",
     "LeaderElection",
     "Leadership",
+    "Lease",
     "ListenerRegistry",
+    "Lock",
+    "LockLost",
     "MemberExistsError",
     "MembershipChanged",
     "NotAMemberError",

@@ -1,6 +1,6 @@
 """The one interface through which a session's storage, groups, elections and coordinators use it.
 
-``Storage``, ``GroupMembership``, ``LeaderElection`` and the coordinators hold a
+``Storage``, ``GroupMembership``, ``LeaderElection``, ``Lock`` and the coordinators hold a
 ``SessionPort``, never the ``Session`` itself: they see only what this protocol
 names, and none of them imports the session module (which imports them).
 """
@@ -29,15 +29,16 @@ class SessionPort(Protocol):
     def backend_for_call(self) -> Backend:
         """The backend, for one call; ``SessionLostError`` once the session is closed."""
 
-    def join(self, group: str, member_id: str, data: bytes) -> None:
+    def join(self, group: str, member_id: str, data: bytes, *, rejoin: bool = True) -> None:
         """Join ``group`` as ``member_id`` (checked) and track it: re-joined after a loss with
-        ``auto_rejoin``, released on close."""
+        ``auto_rejoin`` unless not ``rejoin`` (a lock's shared holder), released on close."""
 
     def leave(self, group: str, member_id: str) -> None:
         """Leave and stop tracking; ``NotAMemberError`` if this session has no such member."""
 
-    def nominate(self, service: str, candidate_id: str) -> bool:
-        """Stand for ``service`` (checked) and track the candidacy like a member; True if it leads."""
+    def nominate(self, service: str, candidate_id: str, *, rejoin: bool = True) -> bool:
+        """Stand for ``service`` (checked) and track the candidacy like a member (not ``rejoin``: a
+        lock's place in line, never re-nominated after a loss); True if it leads."""
 
     def resign(self, service: str, candidate_id: str) -> None:
         """Resign and stop tracking; ``NotAMemberError`` if this session has no such candidate."""

@@ -23,6 +23,7 @@ from consensus_api.election import LeaderElection
 from consensus_api.errors import ConsensusError, MemberExistsError, NotAMemberError, SessionLostError
 from consensus_api.keys import check_key
 from consensus_api.listeners import RETRY_DELAY, ListenerHub, ListenerRegistry
+from consensus_api.lock import Lock
 from consensus_api.membership import GroupMembership
 from consensus_api.model import (
     Event,
@@ -90,12 +91,12 @@ class _Port:
     def state(self) -> SessionState:
         return self._session.state
 
-    def join(self, group: str, member_id: str, data: bytes) -> None:
+    def join(self, group: str, member_id: str, data: bytes, *, rejoin: bool = True) -> None:
         session = self._session
         losses = session._losses
         self.backend_for_call().join(group, member_id, data)
         track = partial(session._joined.__setitem__, (group, member_id), data)
-        session._record(("member", group, member_id), losses, track)
+        session._record(("member", group, member_id), losses, track, rejoin)
 
     def leave(self, group: str, member_id: str) -> None:
         session = self._session
@@ -108,13 +109,14 @@ class _Port:
             with session._lock:
                 session._joined.pop((group, member_id), None)
                 session._joined_in.pop(("member", group, member_id), None)
+                session._once.discard(("member", group, member_id))
 
-    def nominate(self, service: str, candidate_id: str) -> bool:
+    def nominate(self, service: str, candidate_id: str, *, rejoin: bool = True) -> bool:
         session = self._session
         losses = session._losses
         leads = self.backend_for_call().nominate(service, candidate_id)
         track = partial(session._candidacies.add, (service, candidate_id))
-        session._record(("candidacy", service, candidate_id), losses, track)
+        session._record(("candidacy", service, candidate_id), losses, track, rejoin)
         return leads
 
     def resign(self, service: str, candidate_id: str) -> None:
@@ -128,6 +130,7 @@ class _Port:
             with session._lock:
                 session._candidacies.discard((service, candidate_id))
                 session._joined_in.pop(("candidacy", service, candidate_id), None)
+                session._once.discard(("candidacy", service, candidate_id))
 
     def holds_member(self, group: str, member_id: str) -> bool:
         with self._session._lock:
@@ -168,6 +171,8 @@ class Session(Closing):
         #: session only if the two are equal.
         self._losses = 0
         self._joined_in: dict[tuple[str, str, str], int] = {}
+        #: The members and candidacies never re-joined after a loss (a lock's holders and queue).
+        self._once: set[tuple[str, str, str]] = set()
         self._coordinators: list[Coordinator | IncrementalCoordinator] = []
         self._dispatcher = Dispatcher(url.scheme)
         try:
@@ -212,6 +217,10 @@ class Session(Closing):
     def election(self, service: str) -> LeaderElection:
         """The election for ``service`` (a key-like name)."""
         return LeaderElection(self._port, check_key(service, "service name"))
+
+    def lock(self, name: str, *, shared: bool = False) -> Lock:
+        """The fenced lock ``name`` (a key-like name); ``shared``: a reader lock (``consensus_api.lock``)."""
+        return Lock(self._port, name, shared=shared)
 
     def coordinator(
         self,
@@ -271,6 +280,7 @@ class Session(Closing):
             self._state = SessionState.CLOSED
             self._joined.clear()
             self._candidacies.clear()
+            self._once.clear()
         try:
             self._backend.close()
         finally:
@@ -292,18 +302,22 @@ class Session(Closing):
             raise SessionLostError("the session is closed; open a new one with consensus_api.connect()")
         return self._measured
 
-    def _record(self, item: tuple[str, str, str], losses: int, track: Callable[[], None]) -> None:
+    def _record(
+        self, item: tuple[str, str, str], losses: int, track: Callable[[], None], rejoin: bool
+    ) -> None:
         """Track a member or candidacy joined while the session had ``losses`` losses.
 
-        A loss that overtook the call voided what it joined: with ``auto_rejoin`` it
-        is joined again like everything the loss voided, else it is forgotten.
+        A loss that overtook the call voided what it joined: with ``auto_rejoin`` (and
+        ``rejoin``) it is joined again like everything the loss voided, else it is forgotten.
         """
         with self._lock:
             overtaken = losses != self._losses
-            if overtaken and not self.settings.auto_rejoin:
+            if overtaken and not (rejoin and self.settings.auto_rejoin):
                 return
             track()
             self._joined_in[item] = losses
+            if not rejoin:
+                self._once.add(item)
         if overtaken:
             self._dispatcher.submit(self._rejoin)
 
@@ -347,6 +361,7 @@ class Session(Closing):
                     self._joined.clear()
                     self._candidacies.clear()
                     self._joined_in.clear()
+                    self._once.clear()
         self._notify_state(state)
         if state is SessionState.CONNECTED:
             if previous is SessionState.LOST and self.settings.auto_rejoin:
@@ -396,7 +411,11 @@ class Session(Closing):
         False if it failed for a passing reason and should be retried."""
         with self._lock:
             losses = self._losses
-            if item not in tracked or self._joined_in.get((kind, *item)) == losses:
+            if (
+                item not in tracked
+                or (kind, *item) in self._once
+                or self._joined_in.get((kind, *item)) == losses
+            ):
                 return True
         try:
             call(*item)

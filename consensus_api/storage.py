@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from consensus_api._session_port import SessionPort
 from consensus_api.errors import FencedError, InvalidTypeError, SessionLostError
 from consensus_api.keys import check_key, check_namespace, check_value, check_version
+from consensus_api.lock import Lease, lease_fence
 from consensus_api.model import Leadership, SessionState, Versioned
 
 T = TypeVar("T")
@@ -18,7 +19,8 @@ class Storage:
 
     Every argument is checked before any I/O. Versions strictly increase per
     key, also across delete and re-create. A write with ``fence=`` happens
-    only if that leadership is still current, atomically, else ``FencedError``.
+    only if that leadership (or exclusive lock ``Lease``) is still current, atomically, else
+    ``FencedError``.
     """
 
     def __init__(self, session: SessionPort) -> None:
@@ -28,25 +30,27 @@ class Storage:
         """The value and version of ``key``, or None if it does not exist."""
         return self._session.backend_for_call().fetch(check_key(key))
 
-    def put(self, key: str, value: bytes, *, fence: Leadership | None = None) -> int:
+    def put(self, key: str, value: bytes, *, fence: Leadership | Lease | None = None) -> int:
         """Create ``key``; ``KeyExistsError`` if it exists. Returns the new version."""
         backend = self._session.backend_for_call()
-        args = check_key(key), check_value(value), _check_fence(fence)
-        return self._write(fence, lambda: backend.put(*args))
+        args = check_key(key), check_value(value), (leadership := _check_fence(fence))
+        return self._write(leadership, lambda: backend.put(*args))
 
     def update(
-        self, key: str, value: bytes, *, version: int | None = None, fence: Leadership | None = None
+        self, key: str, value: bytes, *, version: int | None = None, fence: Leadership | Lease | None = None
     ) -> int:
         """Replace the value of ``key``, if at ``version`` when given. Returns the new version."""
         backend = self._session.backend_for_call()
-        args = check_key(key), check_value(value), check_version(version), _check_fence(fence)
-        return self._write(fence, lambda: backend.update(*args))
+        args = check_key(key), check_value(value), check_version(version), (leadership := _check_fence(fence))
+        return self._write(leadership, lambda: backend.update(*args))
 
-    def delete(self, key: str, *, version: int | None = None, fence: Leadership | None = None) -> None:
+    def delete(
+        self, key: str, *, version: int | None = None, fence: Leadership | Lease | None = None
+    ) -> None:
         """Remove ``key``, if at ``version`` when given."""
         backend = self._session.backend_for_call()
-        args = check_key(key), check_version(version), _check_fence(fence)
-        self._write(fence, lambda: backend.delete(*args))
+        args = check_key(key), check_version(version), (leadership := _check_fence(fence))
+        self._write(leadership, lambda: backend.delete(*args))
 
     def _write(self, fence: Leadership | None, write: Callable[[], T]) -> T:
         """Run ``write``; ``FencedError`` where it failed because this session, the holder of the
@@ -82,6 +86,11 @@ class Storage:
 
 
 def _check_fence(fence: Any) -> Leadership | None:
+    """The leadership a write is fenced by: ``fence`` itself, or the one an exclusive lease stands for."""
+    if isinstance(fence, Lease):
+        return lease_fence(fence)
     if fence is not None and not isinstance(fence, Leadership):
-        raise InvalidTypeError(f"fence must be a Leadership or None, not {type(fence).__name__}")
+        raise InvalidTypeError(
+            f"fence must be a Leadership, an exclusive Lease or None, not {type(fence).__name__}"
+        )
     return fence

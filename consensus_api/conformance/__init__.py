@@ -30,6 +30,7 @@ SECTIONS = (
     "listeners",
     "membership",
     "election",
+    "locks",
     "session",
     "concurrency",
     "errors",
