@@ -31,6 +31,8 @@ from consensus_api.errors import ConfigurationError
 #: (1213: the transaction was rolled back).
 RETRYABLE_ERRORS = {1205, 1213}
 DEFAULT_PORT = 3306
+#: Seconds past ``request_timeout`` after which a read or write of a connection is given up.
+IO_SLACK = 1.0
 
 #: The deadline of the current call and the least time a connection may begin with (``engine``).
 CallBound = Callable[[], "tuple[float, float] | None"]
@@ -52,7 +54,14 @@ def create(url: BackendURL, settings: Options, stall: float, call_bound: CallBou
         )
     endpoint = url.endpoints[0]
     family = url.scheme.partition("+")[0]
-    connect_args: dict[str, Any] = {"connect_timeout": settings.connect_timeout}
+    # No answer takes longer than max_statement_time = request_timeout: a read or write waiting past
+    # this bound is on a broken connection (a stalled network), which the driver then closes.
+    io_timeout = settings.request_timeout + IO_SLACK
+    connect_args: dict[str, Any] = {
+        "connect_timeout": settings.connect_timeout,
+        "read_timeout": io_timeout,
+        "write_timeout": io_timeout,
+    }
     tls = _tls(settings.extra)
     if tls is not None:
         connect_args["ssl"] = tls
@@ -84,17 +93,22 @@ def create(url: BackendURL, settings: Options, stall: float, call_bound: CallBou
             cursor.execute(settings_sql[mariadb])
 
     @event.listens_for(engine, "do_connect")
-    def _bounded_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+    def _bounded_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+        """Within a call, the whole connection (TCP, handshake, authentication) ends by its deadline."""
         bound = call_bound()
         if bound is None:
-            return
+            return None
+        import pymysql  # noqa: PLC0415 - only with the mysql extra
+
         deadline, min_left = bound
         left = deadline - time.monotonic()
         if left < min_left:
-            import pymysql  # noqa: PLC0415 - only with the mysql extra
-
             raise pymysql.OperationalError(2003, "no time left to connect within request_timeout")
-        cparams["connect_timeout"] = min(float(cparams["connect_timeout"]), left)
+        during = {"connect_timeout": left, "read_timeout": left, "write_timeout": left}
+        connection = pymysql.connect(*cargs, **{**cparams, **during})
+        # PyMySQL has no setter; it applies these before each read and write.
+        connection._read_timeout = connection._write_timeout = io_timeout  # type: ignore[attr-defined]
+        return connection
 
     return engine
 
