@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy
 
 import consensus_api as ca
-from consensus_api import MembershipChanged, OperationTimeoutError, ValueChanged
+from consensus_api import MembershipChanged, OperationTimeoutError, ValueChanged, registry
 from consensus_api.config import Options, parse_url
 from consensus_api.conformance.helpers import EventLog
 from consensus_api.conformance.worker import WorkerProcess
@@ -189,3 +189,12 @@ def test_mariadb_change_committed_after_a_later_one_reaches_listeners(mariadb_ta
             assert early.wait_count(2)[1] == ValueChanged("early", b"v2", 2)
         finally:
             engine.dispose()
+
+
+def test_mysql_schemes_are_registered_and_bad_urls_refused_before_io() -> None:
+    """Every MySQL/MariaDB scheme SQLAlchemy names is ours; a URL without a database or with two hosts
+    is a ConfigurationError before any connection."""
+    assert {"mysql", "mysql+pymysql", "mariadb", "mariadb+pymysql"} <= registry.schemes()
+    for url in ("mariadb://u:p@127.0.0.1:1/", "mysql+pymysql://u:p@127.0.0.1:1,127.0.0.1:2/db"):
+        with pytest.raises(ca.ConfigurationError, match="one host and a database"):
+            create(parse_url(url)[0], Options())
