@@ -13,7 +13,7 @@ delivering answers nothing while TCP keeps the connection up (so neither
 most the time its call has left (``calls_until``), and the ``Watchdog`` cuts
 the socket of a call that outlives its deadline, so the driver fails at once.
 MySQL/MariaDB (PyMySQL) get the same bounds with their own settings
-(``_mysql_session``) and the same ``Watchdog``.
+(``mysql.session_settings``) and the same ``Watchdog``.
 """
 
 from __future__ import annotations
