@@ -19,7 +19,7 @@ from consensus_api import MembershipChanged, OperationTimeoutError, ValueChanged
 from consensus_api.config import Options, parse_url
 from consensus_api.conformance.helpers import EventLog
 from consensus_api.conformance.worker import WorkerProcess
-from consensus_api.testing import ServerHandle
+from consensus_api.testing import ServerHandle, start_server
 from consensus_backends.sql.engine import create, is_retryable, sqlite_write_lock_holder, stall_limit
 
 SESSION_TIMEOUT = 12.0
@@ -198,3 +198,23 @@ def test_mysql_schemes_are_registered_and_bad_urls_refused_before_io() -> None:
     for url in ("mariadb://u:p@127.0.0.1:1/", "mysql+pymysql://u:p@127.0.0.1:1,127.0.0.1:2/db"):
         with pytest.raises(ca.ConfigurationError, match="one host and a database"):
             create(parse_url(url)[0], Options())
+
+
+def test_mariadb_launcher_keeps_its_password_off_command_lines(tmp_path: Path) -> None:
+    """The test server runs with grant tables and a password user: the password is in the URL and a
+    0600 init file only, not in the server's command line nor the handle's repr; a commit survives a
+    SIGKILL and restart."""
+    with start_server("mariadb", tmp_path) as server:
+        url = parse_url(server.url)[0]
+        assert url.password
+        assert url.password not in Path(f"/proc/{server.pid}/cmdline").read_text(errors="replace")
+        assert url.password not in repr(server)
+        assert (server.directory / "init.sql").stat().st_mode & 0o777 == 0o600
+        with pytest.raises(ca.BackendUnavailableError):
+            ca.connect(server.url.replace(url.password, "wrong"), connect_timeout=1).close()
+        with ca.connect(server.url) as session:
+            version = session.storage.put("kept", b"v")
+        server.kill()
+        server.restart()
+        with ca.connect(server.url) as session:
+            assert session.storage.fetch("kept") == ca.Versioned(b"v", version)
