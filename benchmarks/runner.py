@@ -8,12 +8,12 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from benchmarks import detection, failover, membership, ops, propagation, scale
+from benchmarks import aio_overhead, detection, failover, membership, ops, propagation, scale
 from benchmarks.core import Plan, Row, run_id
 from benchmarks.raw import open_raw
 from consensus_api import Session, config, connect
 
-WORKLOADS = ("ops", "propagation", "membership", "failover", "detection", "scale")
+WORKLOADS = ("ops", "aio", "propagation", "membership", "failover", "detection", "scale")
 
 Progress = Callable[[str], None]
 
@@ -29,6 +29,8 @@ def _ops(session: Session, url: str, plan: Plan, run: str) -> list[Row]:
 def _workload(name: str, session: Session, url: str, plan: Plan, run: str) -> list[Row]:
     if name == "ops":
         return _ops(session, url, plan, run)
+    if name == "aio":
+        return aio_overhead.run(session, url, plan, run)
     if name == "propagation":
         return propagation.run(session, url, plan, run)
     if name == "membership":

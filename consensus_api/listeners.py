@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +56,12 @@ class ListenerHub:
         watch: Callable[[Target], None],
         unwatch: Callable[[Target], None],
         connected: Callable[[], bool],
+        *,
+        on_read: Callable[[Event, float | None], None] | None = None,
     ) -> None:
+        """``on_read(event, lag)`` (telemetry) sees every fresh read with the seconds since the first
+        change notification it answers (None for a read no notification asked for)."""
+        self._on_read = on_read
         self._dispatcher = dispatcher
         self._connected = connected
         self._read = read
@@ -65,6 +71,7 @@ class ListenerHub:
         self._subscriptions: dict[Target, _Subscription] = {}
         self._pending: set[Target] = set()
         self._strict: set[Target] = set()
+        self._notified_at: dict[Target, float] = {}
 
     def add(self, target: Target, callback: Callback) -> None:
         """Register ``callback``; its first event reports the current state."""
@@ -89,6 +96,7 @@ class ListenerHub:
             subscription.listeners = [e for e in subscription.listeners if e.callback != callback]
             if not subscription.listeners:
                 del self._subscriptions[target]
+                self._notified_at.pop(target, None)
                 self._unwatch(target)
 
     def targets(self) -> list[Target]:
@@ -98,6 +106,10 @@ class ListenerHub:
 
     def changed(self, target: Target) -> None:
         """Schedule a re-read of ``target``; coalesces with a pending one. Any thread."""
+        if self._on_read is not None:
+            with self._lock:
+                if target in self._subscriptions:
+                    self._notified_at.setdefault(target, time.monotonic())
         self._request(target, strict=False)
 
     def resync(self) -> None:
@@ -132,6 +144,7 @@ class ListenerHub:
             self._pending.discard(target)
             strict = target in self._strict
             self._strict.discard(target)
+            notified_at = self._notified_at.pop(target, None)
             if target not in self._subscriptions:
                 return
         if not self._connected():
@@ -153,6 +166,8 @@ class ListenerHub:
                     return
                 subscription.high_water = mark
             listeners = list(subscription.listeners)
+        if self._on_read is not None:
+            self._on_read(event, None if notified_at is None else time.monotonic() - notified_at)
         for listener in listeners:
             if listener.last != event:
                 self._deliver(listener, event)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any, TypeVar
 
-from consensus_api import config, registry
+from consensus_api import config, observability, registry
 from consensus_api.assignors import Assignor
 from consensus_api.backend import Backend, Reader, Target, TargetKind
 from consensus_api.closing import Closing
@@ -172,12 +172,16 @@ class Session(Closing):
         self._dispatcher = Dispatcher(url.scheme)
         try:
             self._backend = backend_class(url, settings, _Events(self))
+            self._telemetry = observability.for_session(self._backend.name)
+            #: What the session's calls use: the backend, timed and traced with the otel extra.
+            self._measured = self._telemetry.measured(self._backend) if self._telemetry else self._backend
             self._hub = ListenerHub(
                 self._dispatcher,
                 self._read,
                 self._backend.watch,
                 self._backend.unwatch,
                 lambda: self._state is SessionState.CONNECTED,
+                on_read=self._telemetry.event_read if self._telemetry else None,
             )
             self._backend.open()
         except BaseException:
@@ -219,6 +223,8 @@ class Session(Closing):
     ) -> Coordinator:
         """A member of ``group`` in Kafka's rebalance protocol (docs/spec.md section 8); joins on
         ``ensure_active_group``. Closed with the session."""
+        if self._telemetry is not None:
+            handler = self._telemetry.observed_handler(handler, group)
         return self._attach(
             Coordinator(self._port, group, protocol_type, handler, rebalance_timeout=rebalance_timeout)
         )
@@ -284,7 +290,7 @@ class Session(Closing):
     def _backend_for_call(self) -> Backend:
         if self._state is SessionState.CLOSED:
             raise SessionLostError("the session is closed; open a new one with consensus_api.connect()")
-        return self._backend
+        return self._measured
 
     def _record(self, item: tuple[str, str, str], losses: int, track: Callable[[], None]) -> None:
         """Track a member or candidacy joined while the session had ``losses`` losses.
@@ -329,6 +335,8 @@ class Session(Closing):
             self._state = state
             if state is SessionState.LOST:
                 self._losses += 1
+        if self._telemetry is not None:
+            self._telemetry.state_changed(state)
         self._dispatcher.submit_urgent(lambda: self._transition(previous, state))
 
     def _transition(self, previous: SessionState, state: SessionState) -> None:

@@ -29,6 +29,8 @@ WORKLOADS = {
     "op.update",
     "op.fenced_update",
     "op.keys",
+    "aio.fetch",
+    "aio.put",
     "propagation.value",
     "membership.join",
     "failover.2s",

@@ -155,6 +155,17 @@ def listener_out_of_order() -> History:
     return h
 
 
+ELECTION: dict[str, Any] = {"kind": "election", "key": None, "service": S}
+
+
+def election_reads_go_back() -> History:
+    """leadership() returns term 63, and a read invoked strictly later returns term 61."""
+    h = History("election-reads-back")
+    h.op(1, "leadership", 0, 10, out={"leader": "c63", "term": 63}, **ELECTION)
+    h.op(2, "leadership", 20, 30, out={"leader": "c61", "term": 61}, **ELECTION)
+    return h
+
+
 GROUP: dict[str, Any] = {"kind": "group", "key": G}
 
 
@@ -192,6 +203,7 @@ VIOLATIONS: dict[str, tuple[Callable[[], History], str]] = {
     "stale-read": (stale_read, "linearizability"),
     "phantom-read": (phantom_read, "linearizability"),
     "two-leaders": (two_leaders, "election"),
+    "election-reads-back": (election_reads_go_back, "election"),
     "stale-fence": (stale_fenced_write, "election"),
     "listener-order": (listener_out_of_order, "listeners"),
     "member-back": (member_came_back, "membership"),
@@ -236,6 +248,49 @@ def test_slice_is_small_and_keeps_the_failing_read(tmp_path: Path) -> None:
     assert len(timeline) <= 2  # the update (a fixed state) and the stale fetch, without the noise
     assert [item["label"] for item in timeline if item["mark"]] == ["fetch() -> a@1"]
     assert "data:image/png;base64," in render(outcome)
+
+
+def test_overlapping_leadership_reads_may_disagree(tmp_path: Path) -> None:
+    """Reads that overlap in time may be linearized either way: no violation."""
+    h = History("election-reads-overlap")
+    h.op(1, "leadership", 0, 30, out={"leader": "c63", "term": 63}, **ELECTION)
+    h.op(2, "leadership", 20, 40, out={"leader": "c61", "term": 61}, **ELECTION)
+    assert check_history(h.save(tmp_path), "local").findings == []
+
+
+def test_listener_added_again_gets_the_current_version_again(tmp_path: Path) -> None:
+    """Rule 1: a re-added listener's first event is the current state, which it may have seen before."""
+    h = History("listener-rewatch")
+    h.op(0, "put", 0, 10, value="a", out={"version": 77})
+    h.event(1, "watch", 1, key=K)
+    h.event(1, "value", 11, key=K, value="a", version=77)
+    h.event(1, "unwatch", 20, key=K)
+    h.event(1, "watch", 21, key=K)
+    h.event(1, "value", 22, key=K, value="a", version=77)
+    h.event(1, "final", 30, key=K, value="a", version=77)
+    assert check_history(h.save(tmp_path / "ok"), "local").findings == []
+    h.event(1, "unwatch", 40, key=K)  # and going back below what it saw is still caught
+    h.event(1, "watch", 41, key=K)
+    h.event(1, "value", 42, key=K, value="a", version=76)
+    assert ("listener-rewatch", "listeners", "violation") in verdicts(
+        check_history(h.save(tmp_path / "bad"), "local")
+    )
+
+
+def test_info_write_of_a_value_another_write_wrote(tmp_path: Path) -> None:
+    """A timed-out update writes "a", which the put wrote too: the reads of "a" are the put's, and the update
+    may never have taken effect (so it must not be given the first sighting of "a" as its return)."""
+    h = History("repeated-value")
+    h.op(0, "put", 0, 10, value="a", out={"version": 1})
+    h.op(2, "update", 11, 13, "info", value="a", error="OperationTimeoutError")
+    h.op(1, "fetch", 12, 14, out={"value": "a", "version": 1})
+    h.op(1, "fetch", 20, 22, out={"value": "a", "version": 1})
+    h.event(3, "watch", 1, key=K)
+    h.event(3, "value", 15, key=K, value="a", version=1)
+    h.event(3, "final", 30, key=K, value="a", version=1)
+    directory = h.save(tmp_path)
+    assert check_history(directory, "local").findings == []
+    assert run_cli(str(directory), "--engine", "local").exit_code == 0
 
 
 def test_exhausted_budget_is_unknown_exit_3(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 ``check_history(directory, engine="spark" | "local")`` reads every Parquet
 history in ``directory`` (see docs/history-format.md) and returns an
 :class:`Outcome`; both engines run the same per-object checks and reach the
-same verdicts.
+same verdicts. ``check_files(path, "jepsen-log" | "jepsen-edn", "register" | "kv")``
+checks Jepsen histories, one verdict per file (``checker.external``).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from consensus_api.checker.external import check_files
 from consensus_api.checker.local import history_files, run_backends, run_local
 from consensus_api.checker.result import Outcome
 from consensus_api.checker.wgl import Budget
 from consensus_api.errors import ConfigurationError
 
-__all__ = ["Budget", "Outcome", "check_history"]
+__all__ = ["Budget", "Outcome", "check_files", "check_history"]
 
 
 def check_history(

@@ -3,10 +3,11 @@
 A grant is observed through a ``LeaderChanged`` event, a ``leadership()``
 read or a final read; it happened no later than its first observation.
 Checks: at most one leader per term; each observer's events never go back
-to a lower term; no fenced write with term t succeeds when it was invoked
-after a higher term had been observed (so had been granted); and after
-quiescence every settled observer's last event equals its final read, and
-all final reads agree.
+to a lower term; a ``leadership()`` read invoked strictly after another
+returned never shows a lower term (reads are linearizable); no fenced
+write with term t succeeds when it was invoked after a higher term had
+been observed (so had been granted); and after quiescence every settled
+observer's last event equals its final read, and all final reads agree.
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ def check_service(service: str, ops: list[Operation], events: list[Row]) -> tupl
     """The election finding of one service and its handover gaps (ns)."""
     seen = observations(ops, events)
     problems = (
-        _two_leaders(seen) + _terms_back(events) + _stale_fenced_writes(ops, seen) + _convergence(events)
+        _two_leaders(seen)
+        + _terms_back(events)
+        + _reads_back(ops)
+        + _stale_fenced_writes(ops, seen)
+        + _convergence(events)
     )
     finding = Finding(ELECTION, service, PASS, len(ops))
     if problems:
@@ -90,6 +95,34 @@ def _terms_back(events: list[Row]) -> list[tuple[str, list[dict[str, Any]]]]:
             problems.append((f"observer {row[PROCESS]}: term {row[TERM]} after term {top[TERM]}", items))
         elif top is None or row[TERM] > top[TERM]:
             high[row[PROCESS]] = row
+    return problems
+
+
+def _reads_back(ops: list[Operation]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Leadership reads in real-time order: a read that starts after another returned shows no lower term."""
+    reads = [
+        (op.call, int(op.done[T]), op.done[TERM], op)
+        for op in ops
+        if op.f == "leadership" and op.outcome == "ok" and op.done is not None and op.done[TERM] is not None
+    ]
+    by_return = sorted(reads, key=lambda read: read[1])
+    problems = []
+    highest: tuple[int, int, int, Operation] | None = None
+    index = 0
+    for call, _, term, op in sorted(reads, key=lambda read: read[0]):
+        while index < len(by_return) and by_return[index][1] < call:
+            if highest is None or by_return[index][2] > highest[2]:
+                highest = by_return[index]
+            index += 1
+        if highest is not None and term < highest[2]:
+            earlier = highest[3]
+            items = [
+                bar(earlier, f"leadership() -> term {highest[2]}"),
+                bar(op, f"leadership() -> term {term}", True),
+            ]
+            problems.append(
+                (f"leadership() read term {term} after a read had returned term {highest[2]}", items)
+            )
     return problems
 
 

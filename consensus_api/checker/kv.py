@@ -98,7 +98,7 @@ def check_key(
         lin_finding.verdict, lin_finding.message = UNKNOWN, result.reason
     elif result.verdict == wgl.ILLEGAL:
         lin_finding.verdict = VIOLATION
-        lin_finding.message, lin_finding.timeline = shrink(history, result, budget)
+        lin_finding.message, lin_finding.timeline = shrink(history.items(), result, budget)
     listeners = Finding(LISTENERS, key, PASS, len(events))
     if listener_problems:
         listeners.verdict = VIOLATION
@@ -118,11 +118,10 @@ def _listener_problems(
     """Order, phantom and convergence problems, and each settled observer's last (value, version)."""
     if not events:
         return [], {}
-    written = {  # writes that took or may have taken effect
-        op.invoke[VALUE]: op
-        for op, m in history.pairs
-        if m[0] in (model.PUT, model.UPDATE) and m[3] in (model.OK, model.UNKNOWN)
-    }
+    written: dict[str, list[Operation]] = {}  # writes that took or may have taken effect, per value
+    for op, m in history.pairs:
+        if m[0] in (model.PUT, model.UPDATE) and m[3] in (model.OK, model.UNKNOWN):
+            written.setdefault(op.invoke[VALUE], []).append(op)
     problems: list[tuple[str, list[dict[str, Any]]]] = []
     observations: dict[int, tuple[Any, Any]] = {}
     last: dict[int, Row] = {}
@@ -133,12 +132,16 @@ def _listener_problems(
             last.pop(process, None)
         elif f == "value":
             previous, top = last.get(process), high.get(process)
-            same = previous is not None and (previous[VALUE], previous[VERSION]) == (row[VALUE], row[VERSION])
-            if row[VALUE] is not None and not same and top is not None and row[VERSION] <= top[VERSION]:
+            if previous is None:  # first event of a (re-)added listener: the current state, maybe seen before
+                back = top is not None and row[VERSION] < top[VERSION]
+            else:
+                same = (previous[VALUE], previous[VERSION]) == (row[VALUE], row[VERSION])
+                back = not same and top is not None and row[VERSION] <= top[VERSION]
+            if row[VALUE] is not None and back and top is not None:
                 items = [point(top, _event_text(top)), point(row, _event_text(row), True)]
                 problems.append((f"observer {process}: version {row[VERSION]} after {top[VERSION]}", items))
             if row[VALUE] is not None:
-                problems += _phantom(row, written.get(row[VALUE]))
+                problems += _phantom(row, written.get(row[VALUE], []))
                 if top is None or row[VERSION] > top[VERSION]:
                     high[process] = row
             last[process] = row
@@ -159,19 +162,19 @@ def _listener_problems(
     return problems, observations
 
 
-def _phantom(row: Row, write: Operation | None) -> list[tuple[str, list[dict[str, Any]]]]:
-    if write is None or write.call > row[T]:
+def _phantom(row: Row, writes: list[Operation]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The event shows a value no write (of those writing it) had begun, or one at a version none returned."""
+    begun = [write for write in writes if write.call <= row[T]]
+    if not begun:
         return [
             (
                 f"event shows {row[VALUE]!r}, which no write had written by then",
                 [point(row, _event_text(row), True)],
             )
         ]
-    done = write.done
-    if done is not None and done[TYPE] == "ok" and done[VERSION] != row[VERSION]:
-        items = [
-            bar(write, f"{write.f}({row[VALUE]}) -> {done[VERSION]}"),
-            point(row, _event_text(row), True),
-        ]
-        return [(f"event shows {row[VALUE]!r} at version {row[VERSION]}, written as {done[VERSION]}", items)]
+    versions = [w.done[VERSION] for w in begun if w.done is not None and w.done[TYPE] == "ok"]
+    if len(versions) == len(begun) and row[VERSION] not in versions:
+        write = begun[0]
+        items = [bar(write, f"{write.f}({row[VALUE]}) -> {versions[0]}"), point(row, _event_text(row), True)]
+        return [(f"event shows {row[VALUE]!r} at version {row[VERSION]}, written as {versions[0]}", items)]
     return []

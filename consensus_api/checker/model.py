@@ -15,7 +15,9 @@ it may never have happened is the search's business.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
+
+from consensus_api.checker.models import Model
 
 FETCH: Final = 0
 PUT: Final = 1
@@ -111,3 +113,34 @@ def describe(op: Op) -> str:
     if result != OK:
         return f"{call} -> {RESULTS[result]}"
     return f"{call} -> {'ok' if out_version is None else out_version}"
+
+
+def _constrains_only(op: Op) -> bool:
+    return op[0] == FETCH or op[3] in (EXISTS, NOT_FOUND, CONFLICT)
+
+
+def _left_open(op: Op) -> Op | None:
+    """A write still open where a history is cut: indeterminate; a read or a failed write goes."""
+    if op[0] == FETCH or op[0] == FINAL or op[3] in (EXISTS, NOT_FOUND, CONFLICT):
+        return None
+    return (op[0], op[1], op[2], UNKNOWN, None, None)
+
+
+def _fixes(op: Op) -> State | None:
+    f, arg, _, result, _, version = op
+    if f not in (PUT, UPDATE) or result != OK:
+        return None
+    return (arg, version, version if version is not None else -1)
+
+
+def state_text(state: State) -> str:
+    """``absent``, ``value@version`` or ``value@>floor``."""
+    value, version, floor = state
+    if value is None:
+        return "absent"
+    return f"{value}@{version if version is not None else f'>{floor}'}"
+
+
+VERSIONED: Final[Model[Any]] = Model(
+    "versioned", INITIAL, step, describe, state_text, _constrains_only, _left_open, _fixes
+)

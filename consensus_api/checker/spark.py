@@ -96,3 +96,26 @@ def run_spark(directory: Path, budget: wgl.Budget, session: Any) -> Any:
 
     result = keyed.groupBy("bucket").applyInArrow(check_bucket, schema=spark_ddl())
     return result.toArrow()
+
+
+def run_objects(
+    table: pa.Table, model_name: str, budget: wgl.Budget, explain: bool, session: Any
+) -> pa.Table:
+    """Check the operations of Jepsen histories (``external.INPUT_COLUMNS``) with ``session``: keys hashed
+    into buckets, one ``external.check_objects`` call per bucket; returns its output rows."""
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415
+
+    from consensus_api.checker import external  # noqa: PLC0415
+
+    objects = len(set(zip(table.column("file").to_pylist(), table.column("key").to_pylist(), strict=True)))
+    cores = session.sparkContext.defaultParallelism
+    buckets = max(1, min(objects, 4 * cores))
+    session.conf.set("spark.sql.shuffle.partitions", str(buckets))
+    frame = session.createDataFrame(table).withColumn(
+        "bucket", F.expr(f"pmod(xxhash64(file, key), {buckets})")
+    )
+
+    def check_bucket(bucket: pa.Table) -> pa.Table:  # the hints tell Spark this takes a whole group
+        return external.check_objects(bucket.drop_columns(["bucket"]), model_name, budget, explain)
+
+    return frame.groupBy("bucket").applyInArrow(check_bucket, schema=external.spark_ddl()).toArrow()

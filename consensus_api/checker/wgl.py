@@ -53,18 +53,19 @@ def search(
     *,
     initial: S,
     budget: Budget,
+    deepest: bool = True,
 ) -> Result[S]:
     """Search a linearization of ops ``0..n-1`` (see the module docstring).
 
-    An ILLEGAL verdict reports the deepest dead end: the search is run a second
-    time, deterministically, and stopped there (cheaper than copying the stack
-    at every new depth).
+    With ``deepest`` an ILLEGAL verdict reports the deepest dead end: the search
+    is run a second time, deterministically, and stopped there (cheaper than
+    copying the stack at every new depth); without, only the verdict.
     """
     entries = _Entries(calls, rets)
-    first, deepest = entries.run(ops, step, initial, budget, capture=-1)
-    if first.verdict != ILLEGAL:
+    first, depth = entries.run(ops, step, initial, budget, capture=-1)
+    if first.verdict != ILLEGAL or not deepest:
         return first
-    again, _ = entries.run(ops, step, initial, budget, capture=deepest)
+    again, _ = entries.run(ops, step, initial, budget, capture=depth)
     again.steps = first.steps
     return again
 
@@ -117,14 +118,18 @@ class _Entries:
                 new_state = state if drop else step(state, ops[op])
                 if new_state is not None:
                     bits = linearized | (1 << op)
-                    if (bits, new_state) not in cache:
-                        cache.add((bits, new_state))
-                        stack.append((call_entry[op], state, drop))
+                    cached = len(cache)
+                    cache.add((bits, new_state))
+                    if len(cache) != cached:  # a new (linearized set, state): go deeper
+                        call = call_entry[op]
+                        stack.append((call, state, drop))
                         state, linearized = new_state, bits
-                        for e in (call_entry[op], match[call_entry[op]]):  # lift the op's entries
-                            nxt[prv[e]] = nxt[e]
-                            if nxt[e] != -1:
-                                prv[nxt[e]] = prv[e]
+                        ret = match[call]  # lift the op's entries
+                        nxt[prv[call]] = nxt[call]
+                        prv[nxt[call]] = prv[call]  # a return entry always follows its call
+                        nxt[prv[ret]] = nxt[ret]
+                        if nxt[ret] != -1:
+                            prv[nxt[ret]] = prv[ret]
                         entry = nxt[0]
                         continue
                 if is_call[entry]:
@@ -137,10 +142,12 @@ class _Entries:
                 return Result(ILLEGAL, steps), deepest
             top, state, _ = stack.pop()
             linearized &= ~(1 << op_of[top])
-            for e in (match[top], top):  # unlift, in reverse order
-                nxt[prv[e]] = e
-                if nxt[e] != -1:
-                    prv[nxt[e]] = e
+            ret = match[top]  # unlift, in reverse order
+            nxt[prv[ret]] = ret
+            if nxt[ret] != -1:
+                prv[nxt[ret]] = ret
+            nxt[prv[top]] = top
+            prv[nxt[top]] = top
             entry = nxt[top]
         return Result(OK, steps, order=[op_of[e] for e, _, drop in stack if not drop]), deepest
 

@@ -38,8 +38,8 @@ def _load(name: str) -> ModuleType:
 @click.option(
     "--only",
     metavar="LIST",
-    default="ops,propagation,membership,failover,detection,scale",
-    help="Comma-separated workloads: ops, propagation, membership, failover, detection, scale.",
+    default="ops,aio,propagation,membership,failover,detection,scale",
+    help="Comma-separated workloads: ops, aio, propagation, membership, failover, detection, scale.",
 )
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Also write the JSON here.")
 def bench(url: str, as_json: bool, quick: bool, only: str, output: Path | None) -> None:

@@ -1,4 +1,5 @@
-"""``consensus check``: check recorded histories (linearizability, elections, membership, listeners)."""
+"""``consensus check``: check recorded histories (linearizability, elections, membership, listeners),
+ours (Parquet) or Jepsen's (``--format jepsen-log|jepsen-edn``)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,30 @@ from rich.text import Text
 from consensus_api.checker import Budget, check_history
 from consensus_api.checker.report import write_report
 from consensus_api.cli._common import out_console, require_extra
+from consensus_api.errors import ConfigurationError
+
+FORMATS = ("parquet", "jepsen-log", "jepsen-edn")
+DEFAULT_MODELS = {"jepsen-log": "register", "jepsen-edn": "kv"}
 
 
 @click.command("check")
-@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="parquet",
+    show_default=True,
+    help="parquet: a directory written by consensus chaos; jepsen-log / jepsen-edn: Jepsen histories, "
+    "one per file (PATH a file or a directory of them).",
+)
+@click.option(
+    "--model",
+    type=click.Choice(["register", "kv"]),
+    default=None,
+    help="The model of Jepsen histories: register (read, write, cas) or kv (get, put, append per key); "
+    "default register for jepsen-log, kv for jepsen-edn.",
+)
 @click.option(
     "--engine",
     type=click.Choice(["spark", "local"]),
@@ -48,7 +69,9 @@ from consensus_api.cli._common import out_console, require_extra
 @click.pass_context
 def check(  # noqa: PLR0917 - click passes every option as a parameter
     ctx: click.Context,
-    directory: Path,
+    path: Path,
+    fmt: str,
+    model: str | None,
     engine: str,
     master: str,
     report: Path | None,
@@ -56,18 +79,31 @@ def check(  # noqa: PLR0917 - click passes every option as a parameter
     time_budget: float,
     state_budget: int,
 ) -> None:
-    """Check every history (*.parquet) in DIRECTORY, as written by ``consensus chaos``.
+    """Check every history (*.parquet) in the directory PATH, as written by ``consensus chaos``, or with
+    --format jepsen-log / jepsen-edn every Jepsen history at PATH (a file, or a directory: each file one
+    history).
 
     Per key: linearizability against a versioned register (WGL search) and the
     listeners' events; per service: at most one leader per term, terms never
-    going back, no stale fenced write; per group: views only move forward and
-    converge. Exit status: 0 all checks pass, 1 a violation, 3 only unknown
-    verdicts (a budget ran out), 2 a usage error or an invalid history.
+    going back, leadership reads in real-time order, no stale fenced write; per
+    group: views only move forward and converge. Jepsen histories: per key
+    linearizability against --model. Exit status: 0 all checks pass, 1 a
+    violation, 3 only unknown verdicts (a budget ran out), 2 a usage error, an
+    invalid history or a file that cannot be parsed (its line and why).
     """
     require_extra("spark", ["pyarrow", "pyspark"] if engine == "spark" else ["pyarrow"], f"--engine {engine}")
+    budget = Budget(time_budget, state_budget)
+    if fmt != "parquet":
+        ctx.exit(
+            check_jepsen(path, fmt, model or DEFAULT_MODELS[fmt], engine, master, budget, report, as_json)
+        )
+    if model is not None:
+        raise ConfigurationError("--model applies to --format jepsen-log and jepsen-edn only")
+    if not path.is_dir():
+        raise ConfigurationError(f"{path} is not a directory (a history written by consensus chaos)")
     if report is not None:
         require_extra("spark", ["matplotlib"], "--report")
-    outcome = check_history(directory, engine, Budget(time_budget, state_budget), master)
+    outcome = check_history(path, engine, budget, master)
     if report is not None:
         write_report(outcome, report)
     if as_json:
@@ -95,3 +131,47 @@ def check(  # noqa: PLR0917 - click passes every option as a parameter
         if report is not None:
             console.print(Text(f"report: {report}"))
     ctx.exit(outcome.exit_code)
+
+
+def check_jepsen(  # noqa: PLR0917 - the command's options
+    path: Path,
+    fmt: str,
+    model: str,
+    engine: str,
+    master: str,
+    budget: Budget,
+    report: Path | None,
+    as_json: bool,
+) -> int:
+    """``consensus check --format jepsen-*``: one verdict per file; the exit code."""
+    from consensus_api.checker.external import check_files, exit_code  # noqa: PLC0415 - needs pyarrow
+    from consensus_api.checker.external_report import write_report as write_html  # noqa: PLC0415
+
+    explain = as_json or report is not None
+    verdicts = check_files(path, fmt, model, engine=engine, budget=budget, explain=explain, master=master)
+    code = exit_code(verdicts)
+    if report is not None:
+        write_html(verdicts, engine, report)
+    if as_json:
+        summary = {"exit_code": code, "engine": engine, "format": fmt, "model": model}
+        click.echo(json.dumps({**summary, "files": [v.to_json() for v in verdicts]}, indent=2))
+        return code
+    console = out_console()
+    table = Table(title=f"consensus check ({fmt}, model {model}, {engine})")
+    for column in ("file", "verdict", "operations", "keys", "seconds"):
+        table.add_column(column, justify="left" if column in ("file", "verdict") else "right")
+    style = {"ok": "green", "violation": "red", "invalid": "red", "unknown": "yellow"}
+    for v in verdicts:
+        cells = (str(v.operations), str(v.keys), f"{v.seconds:.3f}")
+        table.add_row(Path(v.path).name, Text(v.verdict, style=style[v.verdict]), *cells)
+    console.print(table)
+    for v in verdicts:
+        if v.error:
+            console.print(Text(f"invalid: {v.error}", style="red"))
+        elif v.violation:
+            key = f" key {v.violation['key']!r}" if v.violation["key"] else ""
+            message = v.violation.get("message") or "not linearizable (--json or --report for the window)"
+            console.print(Text(f"violation: {Path(v.path).name}{key}: {message}", style="red"))
+    if report is not None:
+        console.print(Text(f"report: {report}"))
+    return code

@@ -36,6 +36,7 @@ from consensus_api.cli._common import (
 from consensus_api.cli._demo_view import DemoState
 from consensus_api.cli.demo_worker import CONFIG_KEY, GROUP, SERVICE
 from consensus_api.model import Event
+from consensus_api.observability import serve_prometheus
 from consensus_api.session import connect
 
 LINGER = 1.0  # seconds to keep showing the state once the new leader has written the config
@@ -71,7 +72,13 @@ class WorkerProcess:
     show_default=True,
     help="Give up (exit 1) if no hand-over was seen by then.",
 )
-def demo(url: str | None, workers: int, kill_after: float, duration: float) -> None:
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve this process's metrics at http://127.0.0.1:PORT/metrics (needs the prometheus extra).",
+)
+def demo(url: str | None, workers: int, kill_after: float, duration: float, metrics_port: int | None) -> None:
     """Leader election with fencing, live: kill the leader and watch the hand-over.
 
     Workers join group demo/workers, stand for election in demo/scheduler, and
@@ -79,6 +86,8 @@ def demo(url: str | None, workers: int, kill_after: float, duration: float) -> N
     worker took over with a higher term, 1 if that did not happen in time.
     """
     full_url = resolved_url(url)
+    if metrics_port is not None:
+        serve_prometheus(metrics_port)
     events: queue.Queue[Event] = queue.Queue()
     with connect(full_url) as observer:
         observer.election(SERVICE).add_listener(events.put)

@@ -1,0 +1,232 @@
+"""Metrics, traces and logging of consensus-api (SPEC section "Observability").
+
+Logging: every logger is below ``consensus_api`` (``consensus_api.coordinator``,
+``.sql``, ``.etcd``, ``.zookeeper``, ``.kafka``, ``.migrate``, ``.aio``); the
+root one has a ``NullHandler``, so the library prints nothing unless the
+application configures logging. Nothing on the hot path logs at INFO or above.
+
+Metrics and traces: with the ``otel`` extra (``opentelemetry-api``) installed,
+every session records the instruments named below through the global
+OpenTelemetry meter and tracer providers (no-op until the application installs
+an SDK); without it nothing is recorded and nothing is imported. Attributes are
+the backend, the operation, the error type, the state, the group or service:
+never a key, a value, member data or a URL's credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from consensus_api.errors import ConfigurationError
+from consensus_api.model import Event, LeaderChanged, MembershipChanged, SessionState
+
+if TYPE_CHECKING:
+    from consensus_api.backend import Backend
+    from consensus_api.coordinator import CoordinatorHandler
+
+logging.getLogger("consensus_api").addHandler(logging.NullHandler())
+
+#: The backend calls whose latency and errors are measured (``walk`` streams pages: not one call).
+OPERATIONS = frozenset(
+    {"fetch", "put", "update", "delete", "keys", "join", "leave", "membership", "nominate", "resign"}
+    | {"leadership", "server_version"}
+)
+OTEL_EXTRA = "otel"
+PROMETHEUS_EXTRA = "prometheus"
+
+_lock = threading.Lock()
+_instruments: _Instruments | None = None
+
+
+def otel_installed() -> bool:
+    """True when the ``otel`` extra (opentelemetry-api) is importable (then it is imported)."""
+    try:
+        import opentelemetry.metrics  # noqa: PLC0415 - the optional otel extra
+        import opentelemetry.trace  # noqa: PLC0415, F401
+    except ImportError:
+        return False
+    return True
+
+
+class _Instruments:
+    """The process's OpenTelemetry instruments, created once (lazily) on the global providers."""
+
+    def __init__(self) -> None:
+        from opentelemetry import metrics, trace  # noqa: PLC0415 - the optional otel extra
+
+        from consensus_api import __version__  # noqa: PLC0415 - the package imports this module
+
+        meter = metrics.get_meter("consensus_api", __version__)
+        self.tracer = trace.get_tracer("consensus_api", __version__)
+        self.duration = meter.create_histogram(
+            "consensus.operation.duration", unit="s", description="Latency of one backend call"
+        )
+        self.errors = meter.create_counter(
+            "consensus.operation.errors", description="Backend calls that raised, by error type"
+        )
+        self.states = meter.create_counter(
+            "consensus.session.state_changes", description="Session state changes, by new state"
+        )
+        self.lag = meter.create_histogram(
+            "consensus.listener.delivery_lag",
+            unit="s",
+            description="From a backend's change notification to the re-read delivered to listeners",
+        )
+        self.members = meter.create_gauge(
+            "consensus.group.members", description="Live members of a watched group"
+        )
+        self.leadership_changes = meter.create_counter(
+            "consensus.election.leadership_changes", description="Changes of leader seen by listeners"
+        )
+        self.rebalances = meter.create_counter(
+            "consensus.coordinator.rebalances", description="Completed rebalances (joins) of a coordinator"
+        )
+        self.rebalance_duration = meter.create_histogram(
+            "consensus.coordinator.rebalance.duration",
+            unit="s",
+            description="From on_join_prepare to on_join_complete",
+        )
+        self.generation = meter.create_gauge(
+            "consensus.coordinator.generation", description="The generation a coordinator last joined"
+        )
+
+
+def _shared_instruments() -> _Instruments:
+    global _instruments
+    with _lock:
+        if _instruments is None:
+            _instruments = _Instruments()
+        return _instruments
+
+
+class SessionTelemetry:
+    """What one session records; built by :func:`for_session` only when the ``otel`` extra is present."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self._instruments = _shared_instruments()
+        self._leaders: dict[str, str | None] = {}
+
+    def measured(self, backend: Backend) -> Backend:
+        """``backend`` with each call of :data:`OPERATIONS` timed and traced."""
+        return cast("Backend", _MeasuredBackend(backend, self))
+
+    def state_changed(self, state: SessionState) -> None:
+        self._instruments.states.add(1, {"consensus.backend": self.backend, "consensus.state": state.value})
+
+    def event_read(self, event: Event, lag: float | None) -> None:
+        """A listener target was re-read; ``lag``: seconds since the change notification, if any."""
+        attributes: dict[str, str] = {"consensus.backend": self.backend}
+        if lag is not None:
+            self._instruments.lag.record(lag, {**attributes, "consensus.event": type(event).__name__})
+        if isinstance(event, MembershipChanged):
+            self._instruments.members.set(len(event.members), {**attributes, "consensus.group": event.group})
+        elif isinstance(event, LeaderChanged):
+            previous = self._leaders.get(event.service, event.leader_id)
+            self._leaders[event.service] = event.leader_id
+            if previous != event.leader_id:
+                attributes["consensus.service"] = event.service
+                self._instruments.leadership_changes.add(1, attributes)
+
+    def observed_handler(self, handler: CoordinatorHandler, group: str) -> CoordinatorHandler:
+        """``handler`` with its rebalances counted and timed; returned as is if it lacks a callback
+        (the coordinator then reports that)."""
+        names = ("metadata", "on_join_prepare", "perform_assignment", "on_join_complete", "on_leave_prepare")
+        if not all(callable(getattr(handler, name, None)) for name in names):
+            return handler
+        return cast("CoordinatorHandler", _ObservedHandler(handler, group, self))
+
+    def call(self, operation: str, method: Callable[..., Any], *args: Any) -> Any:
+        attributes = {"consensus.backend": self.backend, "consensus.operation": operation}
+        instruments = self._instruments
+        with instruments.tracer.start_as_current_span(f"consensus.{operation}", attributes=attributes):
+            started = time.perf_counter()
+            try:
+                return method(*args)
+            except Exception as exc:
+                instruments.errors.add(1, {**attributes, "error.type": type(exc).__name__})
+                raise
+            finally:
+                instruments.duration.record(time.perf_counter() - started, attributes)
+
+    def rebalanced(self, group: str, generation: int, seconds: float | None) -> None:
+        attributes = {"consensus.backend": self.backend, "consensus.group": group}
+        self._instruments.rebalances.add(1, attributes)
+        self._instruments.generation.set(generation, attributes)
+        if seconds is not None:
+            self._instruments.rebalance_duration.record(seconds, attributes)
+
+
+def for_session(backend: str) -> SessionTelemetry | None:
+    """The telemetry of a new session on ``backend``; None (record nothing) without the ``otel`` extra."""
+    return SessionTelemetry(backend) if otel_installed() else None
+
+
+class _MeasuredBackend:
+    """A backend seen through its telemetry; every other attribute is the backend's own."""
+
+    def __init__(self, backend: Backend, telemetry: SessionTelemetry) -> None:
+        self._backend = backend
+        self._telemetry = telemetry
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._backend, name)
+        if name not in OPERATIONS:
+            return attribute
+        return lambda *args: self._telemetry.call(name, attribute, *args)
+
+
+class _ObservedHandler:
+    """A coordinator handler that also records each rebalance's generation and duration."""
+
+    def __init__(self, handler: CoordinatorHandler, group: str, telemetry: SessionTelemetry) -> None:
+        self._handler = handler
+        self._group = group
+        self._telemetry = telemetry
+        self._prepared_at: float | None = None
+
+    def metadata(self) -> Any:
+        return self._handler.metadata()
+
+    def on_join_prepare(self, generation: int, member_id: str) -> None:
+        self._prepared_at = time.monotonic()
+        self._handler.on_join_prepare(generation, member_id)
+
+    def perform_assignment(self, leader_id: str, protocol: str, members: Mapping[str, bytes]) -> Any:
+        return self._handler.perform_assignment(leader_id, protocol, members)
+
+    def on_join_complete(self, generation: int, member_id: str, protocol: str, assignment: bytes) -> None:
+        started, self._prepared_at = self._prepared_at, None
+        seconds = None if started is None else time.monotonic() - started
+        self._telemetry.rebalanced(self._group, generation, seconds)
+        self._handler.on_join_complete(generation, member_id, protocol, assignment)
+
+    def on_leave_prepare(self) -> None:
+        self._handler.on_leave_prepare()
+
+
+def serve_prometheus(port: int, host: str = "127.0.0.1") -> None:
+    """Export every metric above at ``http://host:port/metrics`` (Prometheus text format) from now on.
+
+    Installs an OpenTelemetry SDK meter provider with a Prometheus reader; needs
+    the ``prometheus`` extra, else ``ConfigurationError`` naming it.
+    """
+    try:
+        from opentelemetry import metrics  # noqa: PLC0415 - optional extras
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415
+        from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
+        from prometheus_client import start_http_server  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"metrics export needs the {PROMETHEUS_EXTRA!r} extra: pip install "
+            f"'consensus-api[{PROMETHEUS_EXTRA}]' ({exc.name} is missing)"
+        ) from None
+    try:
+        start_http_server(port, addr=host)
+    except OSError as exc:
+        raise ConfigurationError(f"cannot serve metrics on {host}:{port}: {exc.strerror}") from None
+    metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
