@@ -218,3 +218,29 @@ def test_mariadb_launcher_keeps_its_password_off_command_lines(tmp_path: Path) -
         server.restart()
         with ca.connect(server.url) as session:
             assert session.storage.fetch("kept") == ca.Versioned(b"v", version)
+
+
+def test_mariadb_change_in_flight_when_a_session_opens_reaches_its_listeners(mariadb_target: str) -> None:
+    """A revision taken before a session opened, below a later committed one, whose transaction
+    commits after the session's feed started, is still told to the session's listeners."""
+    url, query = parse_url(mariadb_target)
+    prefix = query["table_prefix"]
+    with ca.connect(mariadb_target) as writer:
+        writer.storage.put("early", b"v1")
+        engine = create(url, Options())
+        try:
+            with engine.connect() as slow, slow.begin():
+                slow.exec_driver_sql(
+                    f"UPDATE {prefix}kv SET value = %s, version = version + 1 WHERE `key` = %s",
+                    (b"v2", b"early"),
+                )
+                slow.exec_driver_sql(f"INSERT INTO {prefix}changes (kind, name) VALUES ('value', 'early')")
+                writer.storage.put("later", b"x")  # a later revision, committed first
+                with ca.connect(mariadb_target) as session:
+                    early: EventLog[ValueChanged] = EventLog("early")
+                    session.listeners.add_value_listener("early", early)
+                    assert early.wait_count(1)[0] == ValueChanged("early", b"v1", 1)
+                    slow.commit()
+                    assert early.wait_count(2)[1] == ValueChanged("early", b"v2", 2)
+        finally:
+            engine.dispose()

@@ -9,9 +9,11 @@ after a later one, or never (its transaction rolled back), so a missing
 revision (a hole) holds the poller's position (``Holes``) while the rows
 after it are forwarded, until a share-lock read of it tells: a row (it
 committed: forwarded), no row (it never will), or a lock held (its
-transaction is still open: asked again at the next poll). After a gap (a
-lost LISTEN connection, or rows pruned before the poller read them) every
-watched target is re-read.
+transaction is still open: asked again at the next poll). Only the last
+``START_WINDOW`` revisions are asked about: a transaction still open when a
+thousand later revisions have committed is not waited for. After a gap (a
+lost LISTEN connection, rows pruned before the poller read them, holes
+settled unasked) every watched target is re-read.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ KEEP_REVISIONS = 100_000
 #: Seconds a hole stays unasked: InnoDB takes a revision and inserts its row within one statement,
 #: so a hole this old is a transaction still open, rolled back, or committed since.
 HOLE_SETTLE = 0.2
-#: Revisions below the newest at start that MySQL's feed checks for holes (transactions in flight).
+#: Revisions below the newest that MySQL's feed checks for holes (transactions in flight); older
+#: ones are settled unasked, with a re-read of every watched target.
 START_WINDOW = 1000
 _SEPARATOR = "\t"
 
@@ -78,13 +81,17 @@ class ChangeFeed:
         self._poll_interval = poll_interval
         self._stop = threading.Event()
         self._last = 0
+        self._holes: Holes | None = None  # MySQL/MariaDB only
         self._thread = threading.Thread(target=self._run, name="consensus-sql-changes", daemon=True)
 
     def start(self) -> None:
         """Begin forwarding changes committed from now on (from this call's start)."""
         with self._engine.connect() as conn:
-            t = self._tables
-            self._last = conn.execute(select(func.coalesce(func.max(t.changes.c.revision), 0))).scalar_one()
+            revision = self._tables.changes.c.revision
+            self._last = conn.execute(select(func.coalesce(func.max(revision), 0))).scalar_one()
+            if self._engine.dialect.name in MYSQL_DIALECTS:
+                committed = conn.execute(select(revision).where(revision > self._last - START_WINDOW))
+                self._holes = Holes(self._last, committed.scalars())
         self._thread.start()
 
     def stop(self, timeout: float) -> None:
@@ -103,7 +110,7 @@ class ChangeFeed:
 
     def _poll(self) -> None:
         t = self._tables
-        holes = Holes(self._last) if self._engine.dialect.name in MYSQL_DIALECTS else None
+        holes = self._holes
         last = self._last if holes is None else holes.last
         while not self._stop.wait(self._poll_interval):
             try:
@@ -150,19 +157,27 @@ class Holes:
     """MySQL's change-log position: ``last``, below which every revision was forwarded or never
     commits, and the revisions above it already forwarded (see the module docstring)."""
 
-    def __init__(self, newest: int) -> None:
+    def __init__(self, newest: int, committed: Iterable[int]) -> None:
+        """At start: ``newest`` revision, and the ``committed`` ones of the last ``START_WINDOW`` (not
+        news); those missing may still commit, and are then forwarded."""
         self.last = max(0, newest - START_WINDOW)
-        self._forwarded: set[int] = set(range(self.last + 1, newest + 1))  # before the start: not news
+        self._forwarded: set[int] = set(committed)
         self._seen: dict[int, float] = {}  # hole -> when it was first seen (monotonic)
 
     def settle(self, conn: Connection, t: Tables, rows: Sequence[Any]) -> tuple[list[Any], bool]:
         """Of ``rows`` (revisions above ``last``, in order), those not yet forwarded; advance ``last``
-        over revisions read or settled; and whether rows may have been pruned unread (resync)."""
+        over revisions read or settled; and whether to re-read every target: holes more than
+        ``START_WINDOW`` below the newest revision are settled without asking (rows pruned unread,
+        or a stall of the poller), so changes may have been missed."""
         fresh = [row for row in rows if row.revision not in self._forwarded]
         self._forwarded.update(row.revision for row in fresh)
         newest = max(self._forwarded, default=self.last)
+        resync = self.last < newest - START_WINDOW
+        if resync:  # far behind (rows pruned unread, or a long stall): settle the old holes unasked
+            self.last = newest - START_WINDOW
+            self._forwarded = {revision for revision in self._forwarded if revision > self.last}
+            self._seen = {revision: seen for revision, seen in self._seen.items() if revision > self.last}
         now = time.monotonic()
-        resync = False
         while self.last < newest:
             revision = self.last + 1
             if revision not in self._forwarded:
@@ -174,7 +189,6 @@ class Holes:
                     break  # its transaction is still open
                 if row is not None:
                     fresh.append(row)
-                resync = resync or (row is None and revision <= newest - KEEP_REVISIONS)
                 self._seen.pop(revision, None)
             self._forwarded.discard(revision)
             self.last = revision
