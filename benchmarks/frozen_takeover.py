@@ -2,7 +2,7 @@
 
 Runs the conformance test ``test_leader_frozen_mid_write_is_replaced`` N times,
 each in a fresh ``consensus conformance`` process, and counts: passes,
-takeovers within the bound (``loss_bound``: session_timeout + detection delay
+takeovers within the bound (as ``loss_bound``: session_timeout + detection delay
 + scheduling slack), and stale writes (a frozen leader's write found after the
 takeover: the test's final-state assertion, or a queued fenced write that did
 not fail with FencedError). Takeover time: SIGSTOP seen -> the other
@@ -23,7 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from consensus_api.conformance.faults_support import SESSION_TIMEOUT, loss_bound
+from consensus_api.conformance.faults_support import SCHEDULING_SLACK, SESSION_TIMEOUT
+from consensus_api.conformance.profile import profile_for
 
 TEST = "test_leader_frozen_mid_write_is_replaced"
 TAKEOVER = "frozen mid-write -> new leader"
@@ -49,9 +50,8 @@ def main() -> int:
     parser.add_argument("url")
     parser.add_argument("--runs", type=int, default=50)
     args = parser.parse_args()
-    backend = args.url.partition("://")[0].partition("+")[0]
-    backend = {"postgres": "postgresql", "zk": "zookeeper"}.get(backend, backend)
-    bound = loss_bound(backend, SESSION_TIMEOUT)
+    profile = profile_for(args.url)
+    bound = SESSION_TIMEOUT + profile.detection_delay(SESSION_TIMEOUT) + SCHEDULING_SLACK
     takeovers: list[float] = []
     failures: list[str] = []
     stale = 0
@@ -69,7 +69,7 @@ def main() -> int:
             print(f"run {run:3d}: {'pass' if passed else 'FAIL'}  takeover {took}", flush=True)
     within = sum(seconds <= bound for seconds in takeovers)
     passes = args.runs - len(failures)
-    print(f"{backend}: {args.runs} runs, {passes} passed, {within} takeovers within {bound:g} s, "
+    print(f"{profile.name}: {args.runs} runs, {passes} passed, {within} takeovers within {bound:g} s, "
           f"{stale} runs with a stale write")  # fmt: skip
     if takeovers:
         print(f"takeover s: min {min(takeovers):.3f} median {statistics.median(takeovers):.3f} "

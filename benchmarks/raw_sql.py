@@ -9,6 +9,9 @@ with ``pg_notify`` on PostgreSQL); update with a version = ``UPDATE …
 RETURNING`` and one change row; fenced update = the fence ``SELECT`` (``FOR
 SHARE`` on PostgreSQL) first; keys = one ``SELECT``. SQLite writes begin with
 ``BEGIN IMMEDIATE`` in WAL mode with ``synchronous=NORMAL``, as the backend's.
+On MySQL/MariaDB (PyMySQL, ``READ COMMITTED``) the statements differ as the
+backend's do: they come from ``consensus_backends.sql.dialect``, the column
+types from ``consensus_backends.sql.schema``.
 """
 
 from __future__ import annotations
@@ -22,10 +25,9 @@ from sqlalchemy import (
     URL,
     Boolean,
     Column,
+    ColumnElement,
     Connection,
-    Float,
     Integer,
-    LargeBinary,
     MetaData,
     String,
     Table,
@@ -34,13 +36,12 @@ from sqlalchemy import (
     event,
     func,
     insert,
-    literal_column,
     select,
-    update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 
 from consensus_api import config
+from consensus_backends.sql.dialect import insert_if_absent, is_mysql, update_returning
+from consensus_backends.sql.schema import BLOB, KEY, MYSQL_DIALECTS, SECONDS, db_now
 
 
 def postgresql_url(url: config.BackendURL) -> URL:
@@ -63,7 +64,22 @@ class RawSQL:
 
     def __init__(self, url: config.BackendURL, run: str) -> None:
         self.sqlite = url.scheme == "sqlite"
-        if self.sqlite:
+        family = url.scheme.partition("+")[0]
+        if family in MYSQL_DIALECTS:
+            endpoint = url.endpoints[0]
+            target = URL.create(
+                f"{family}+pymysql",
+                username=url.username,
+                password=url.password,
+                host=endpoint.host,
+                port=endpoint.port or 3306,
+                database=url.path.strip("/"),
+                query={"charset": "utf8mb4"},
+            )
+            self.engine = create_engine(
+                target, isolation_level="READ COMMITTED", pool_size=8, max_overflow=24
+            )
+        elif self.sqlite:
             target = URL.create("sqlite", database=url.path[1:])
             self.engine = create_engine(
                 target,
@@ -79,9 +95,9 @@ class RawSQL:
         self.kv = Table(
             f"{prefix}kv",
             metadata,
-            Column("key", String(1100), primary_key=True),
-            Column("parent", String(1100), nullable=False, index=True),
-            Column("value", LargeBinary),
+            Column("key", KEY, primary_key=True),
+            Column("parent", KEY, nullable=False, index=True),
+            Column("value", BLOB),
             Column("version", Integer, nullable=False),
             Column("deleted", Boolean, nullable=False),
         )
@@ -90,18 +106,18 @@ class RawSQL:
             metadata,
             Column("revision", Integer, primary_key=True, autoincrement=True),
             Column("kind", String(10), nullable=False),
-            Column("name", String(1100), nullable=False),
+            Column("name", KEY, nullable=False),
         )
         self.sessions = Table(
             f"{prefix}sessions",
             metadata,
             Column("id", String(32), primary_key=True),
-            Column("expires_at", Float, nullable=False),
+            Column("expires_at", SECONDS, nullable=False),
         )
         self.leaders = Table(
             f"{prefix}leaders",
             metadata,
-            Column("service", String(1100), primary_key=True),
+            Column("service", KEY, primary_key=True),
             Column("session_id", String(32)),
             Column("term", Integer, nullable=False),
         )
@@ -122,17 +138,13 @@ class RawSQL:
                 with conn.begin():
                     yield conn
 
-    def _now(self, conn: Connection) -> Any:
-        if self.sqlite:
-            return literal_column("((julianday('now') - 2440587.5) * 86400.0)", Float)
-        return func.extract("epoch", func.clock_timestamp()).cast(Float)
-
     def _log(self, conn: Connection, kind: str, name: str) -> None:
-        revision = conn.execute(
-            insert(self.changes).values(kind=kind, name=name).returning(self.changes.c.revision)
-        ).scalar_one()
-        if not self.sqlite:
-            conn.execute(select(func.pg_notify(self.changes.name, f"{revision}\t{kind}\t{name}")))
+        row = insert(self.changes).values(kind=kind, name=name)
+        if conn.dialect.name != "postgresql":
+            conn.execute(row)
+            return
+        revision = conn.execute(row.returning(self.changes.c.revision)).scalar_one()
+        conn.execute(select(func.pg_notify(self.changes.name, f"{revision}\t{kind}\t{name}")))
 
     def prepare(self, namespace: str) -> None:
         """Nothing to create: keys are rows (records)."""
@@ -152,18 +164,17 @@ class RawSQL:
     def put(self, key: str, value: bytes) -> int:
         kv = self.kv.c
         with self._write() as conn:
-            revived = conn.execute(
-                update(self.kv)
-                .where(kv.key == key, kv.deleted.is_(True))
-                .values(value=value, version=kv.version + 1, deleted=False)
-                .returning(kv.version)
-            ).scalar()
+            revived = update_returning(
+                conn,
+                self.kv,
+                kv.key == key,
+                kv.deleted.is_(True),
+                values={"value": value, "version": kv.version + 1, "deleted": False},
+                returning=kv.version,
+            )
             if revived is None:
-                dialect = sqlite if self.sqlite else postgresql
                 row = {"key": key, "parent": key.rpartition("/")[0], "value": value, "version": 1}
-                statement = dialect.insert(self.kv).on_conflict_do_nothing(index_elements=["key"])
-                inserted = conn.execute(statement.values(**row, deleted=False).returning(kv.key)).first()
-                if inserted is None:
+                if not insert_if_absent(conn, self.kv, ["key"], {**row, "deleted": False}):
                     raise RuntimeError("key exists")
                 revived = 1
             self._log(conn, "value", key)
@@ -172,12 +183,17 @@ class RawSQL:
 
     def _update(self, conn: Connection, key: str, value: bytes, version: int | None) -> int:
         kv = self.kv.c
-        condition = and_(kv.key == key, kv.deleted.is_(False))
+        condition: ColumnElement[bool] = kv.deleted.is_(False)
         if version is not None:
             condition = and_(condition, kv.version == version)
-        new_version = conn.execute(
-            update(self.kv).where(condition).values(value=value, version=kv.version + 1).returning(kv.version)
-        ).scalar()
+        new_version = update_returning(
+            conn,
+            self.kv,
+            kv.key == key,
+            condition,
+            values={"value": value, "version": kv.version + 1},
+            returning=kv.version,
+        )
         if new_version is None:
             raise RuntimeError("missing or conflict")
         self._log(conn, "value", key)
@@ -193,9 +209,11 @@ class RawSQL:
             query = (
                 select(lc.term)
                 .join_from(self.leaders, self.sessions, lc.session_id == sc.id)
-                .where(lc.service == "fence", sc.expires_at >= self._now(conn))
+                .where(lc.service == "fence", sc.expires_at >= db_now(conn.dialect.name))
             )
-            if not self.sqlite:
+            if is_mysql(conn):  # no lock on one table of a join there: the leaders row first
+                conn.execute(select(lc.term).where(lc.service == "fence").with_for_update(read=True))
+            elif not self.sqlite:
                 query = query.with_for_update(read=True, of=self.leaders)
             if conn.execute(query).scalar() != 1:
                 raise RuntimeError("fenced")

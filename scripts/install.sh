@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what consensus_api.testing needs to run real servers: Debian's
-# ZooKeeper and PostgreSQL, a Java 17+ runtime, Maven, and the Kafka broker
+# ZooKeeper, PostgreSQL and MariaDB, a Java 17+ runtime, Maven, and the Kafka broker
 # jars from Maven Central (into a cache dir). Idempotent: when everything is
 # there it only checks and exits. Does not touch the Python venv.
 set -euo pipefail
@@ -26,6 +26,7 @@ pg_installed() {
 missing=()
 [ -f /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
 pg_installed || missing+=(postgresql)
+command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
 [ "$(java_major)" -ge 17 ] || missing+=(java)
 command -v mvn >/dev/null || missing+=(maven)
 
@@ -49,7 +50,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     say "apt-get install ${pkgs[*]}"
     apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 fi
-say "debian packages ok (zookeeper, postgresql, java $(java_major), maven)"
+say "debian packages ok (zookeeper, postgresql, mariadb, java $(java_major), maven)"
 
 # ---- Kafka jars ------------------------------------------------------------
 version=$(sed -n 's:.*<kafka\.version>\(.*\)</kafka\.version>.*:\1:p' "$POM")

@@ -2,7 +2,7 @@
 # Set-up and the whole test suite with every real server:
 #   1. lint and types;
 #   2. the conformance suite (every section, faults included) on SQLite,
-#      PostgreSQL, ZooKeeper, etcd and Kafka: one process per backend, each
+#      PostgreSQL, MariaDB, ZooKeeper, etcd and Kafka: one process per backend, each
 #      with its own real server, in parallel;
 #   3. the project's own tests;
 #   4. chaos runs with faults on every backend, whose histories one Spark job
@@ -16,7 +16,7 @@ bash scripts/install.sh || exit 2
 bash scripts/venv.sh || exit 2
 export PATH="$ROOT/.venv/bin:$PATH"
 out=$(mktemp -d "${TMPDIR:-/tmp}/consensus-test.XXXXXX")
-backends=${CONSENSUS_BACKENDS:-sqlite postgresql zookeeper etcd kafka}
+backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka}
 chaos_seconds=${CONSENSUS_CHAOS_SECONDS:-30}
 status=0
 started=$SECONDS

@@ -68,7 +68,7 @@ def started() -> Iterator[Callable[..., ServerHandle]]:
 
 
 def test_names_and_unknown_server() -> None:
-    assert SERVER_NAMES == ("postgresql", "zookeeper", "etcd", "kafka")
+    assert SERVER_NAMES == ("postgresql", "mariadb", "zookeeper", "etcd", "kafka")
     with pytest.raises(ValueError, match="unknown server"):
         start_server("mysql")
 

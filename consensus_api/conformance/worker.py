@@ -72,7 +72,7 @@ _print_lock = threading.Lock()
 #: Test hook of the SQL backend: its next fenced write stops this process inside its transaction.
 STOP_IN_FENCED_WRITE = "CONSENSUS_TEST_STOP_IN_FENCED_WRITE"
 #: The backends that read it.
-HOOKED_BACKENDS = ("sqlite", "postgresql")
+HOOKED_BACKENDS = ("sqlite", "postgresql", "mysql", "mariadb")
 #: Elsewhere, how long after a write began the process stops itself (its request is then in flight),
 #: and how many writes it tries before giving up (one that finished sooner is not frozen).
 IN_FLIGHT = 0.0002

@@ -1,4 +1,4 @@
-"""Real servers on free loopback ports for tests: PostgreSQL, ZooKeeper, etcd and Kafka (the launchers).
+"""Real servers on free loopback ports for tests (the launchers): PostgreSQL, MariaDB, ZooKeeper, etcd, Kafka.
 
 ``start_server(name)`` returns a ready :class:`ServerHandle`; every server has
 its own temp dir (inside ``workdir`` when given) and is controlled by PID.
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 #: The servers a launcher starts as a process.
-SERVER_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
+SERVER_NAMES = ("postgresql", "mariadb", "zookeeper", "etcd", "kafka")
 #: What ``start_store`` starts: a database file (no process) or one of the servers.
 STORE_NAMES = ("sqlite", *SERVER_NAMES)
 #: The extra that brings the launchers' dependencies.

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -203,7 +204,8 @@ class ServerHandle:
         self._stopped = False
 
     def __repr__(self) -> str:
-        return f"<ServerHandle {self.name} {self.url} pid={self._pid_or_none()}>"
+        url = re.sub(r"(//[^/@:]*):[^@/]*@", r"\1:***@", self.url)  # no password (MariaDB's URL has one)
+        return f"<ServerHandle {self.name} {url} pid={self._pid_or_none()}>"
 
     @property
     def pid(self) -> int:

@@ -24,6 +24,12 @@ def postgresql_server() -> Iterator[ServerHandle]:
 
 
 @pytest.fixture(scope="session")
+def mariadb_server() -> Iterator[ServerHandle]:
+    """A MariaDB server for the whole session."""
+    yield from _serve("mariadb")
+
+
+@pytest.fixture(scope="session")
 def zookeeper_server() -> Iterator[ServerHandle]:
     """A ZooKeeper server for the whole session."""
     yield from _serve("zookeeper")

@@ -1,4 +1,4 @@
-"""The SQL backend: ``sqlite:///path`` and ``postgresql://user@host:port/db``."""
+"""The SQL backend: ``sqlite:///path``, ``postgresql://user@host:port/db``, ``mariadb://user:pw@host:port/db``."""
 
 from consensus_backends.sql.backend import SQLBackend
 

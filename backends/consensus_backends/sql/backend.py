@@ -1,4 +1,4 @@
-"""The SQL backend: SQLite (a shared file, WAL mode) and PostgreSQL (psycopg 3).
+"""The SQL backend: SQLite (a shared file, WAL mode), PostgreSQL (psycopg 3), MySQL/MariaDB (PyMySQL).
 
 Guarantees beyond the Backend contract: lease expiry is judged by the
 database clock only; every session reaps expired leases at each heartbeat
@@ -7,10 +7,11 @@ while any session lives a dead one's members and candidates go when its lease
 expires (``session_timeout`` after its last renewal) plus ``REAP_SLACK`` and
 one transaction; every transaction that writes starts with the database's
 write lock (SQLite ``BEGIN IMMEDIATE``) or locks the rows it decides on
-(PostgreSQL), so fenced writes and elections are atomic. A transaction spans
+(PostgreSQL, MySQL/MariaDB), so fenced writes and elections are atomic. A transaction spans
 nothing but its own statements (no callback, no other I/O), so it holds its
 locks for as long as its statements run, unless its process stalls inside it:
-PostgreSQL then ends it after ``engine.stall_limit``; SQLite cannot, and every
+PostgreSQL and MariaDB then end it after ``engine.stall_limit`` (MariaDB: in
+whole seconds, at least 1; MySQL only at ``wait_timeout``); SQLite cannot, and every
 write waits until that process resumes or dies (calls fail with
 ``OperationTimeoutError`` naming the holder, sessions go SUSPENDED, then LOST).
 
@@ -97,7 +98,7 @@ class SQLBackend(Backend):
         super().__init__(*args, **kwargs)
         extra = self.settings.extra
         self._engine: Engine = create(self.url, self.settings)
-        self._guarded = self._engine.dialect.name == "postgresql"
+        self._guarded = self._engine.dialect.name != "sqlite"
         self._watchdog = Watchdog()
         self._tables = Tables(str(extra.get("table_prefix", "consensus_")))
         self._session_id = uuid.uuid4().hex
@@ -221,16 +222,16 @@ class SQLBackend(Backend):
             self._watched.discard(target)
 
     def server_version(self) -> str | None:
-        """PostgreSQL's ``server_version``, or the SQLite library's version (both read at connect)."""
+        """The server's version (PostgreSQL, MySQL/MariaDB), or the SQLite library's (read at connect)."""
         version = self._engine.dialect.server_version_info
         return None if version is None else ".".join(str(part) for part in version)
 
     @classmethod
     def test_profile(cls, url: BackendURL) -> TestProfile:
-        """SQLite's or PostgreSQL's (``consensus_backends.sql.profile``)."""
+        """SQLite's, PostgreSQL's or MariaDB's (``consensus_backends.sql.profile``)."""
         from consensus_backends.sql import profile  # noqa: PLC0415 - only tests need it
 
-        return profile.SQLITE if url.scheme == "sqlite" else profile.POSTGRESQL
+        return profile.for_scheme(url.scheme)
 
     def fault_identity(self) -> dict[str, object]:
         """The session's lease row: ``{"sessions_table": name, "session_id": id}`` (tests only)."""

@@ -2,27 +2,43 @@
 
 Every write appends ``(revision, kind, name)`` rows in its own transaction.
 On PostgreSQL the same transaction sends ``pg_notify`` (delivered at commit)
-and a LISTEN connection forwards them; on SQLite a poller reads rows past the
-last revision it saw (SQLite commits one writer at a time, so revisions
-commit in order). After a gap (a lost LISTEN connection, or rows pruned
-before the poller read them) every watched target is re-read.
+and a LISTEN connection forwards them; on SQLite and MySQL/MariaDB a poller
+reads rows past the last revision it saw. SQLite commits one writer at a
+time, so revisions commit in order. InnoDB does not: a revision may commit
+after a later one, or never (its transaction rolled back), so a missing
+revision (a hole) holds the poller's position (``Holes``) while the rows
+after it are forwarded, until a share-lock read of it tells: a row (it
+committed: forwarded), no row (it never will), or a lock held (its
+transaction is still open: asked again at the next poll). Only the last
+``START_WINDOW`` revisions are asked about: a transaction still open when a
+thousand later revisions have committed is not waited for. After a gap (a
+lost LISTEN connection, rows pruned before the poller read them, holes
+settled unasked) every watched target is re-read.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import sqlalchemy
 from sqlalchemy import Connection, Engine, delete, func, insert, select
 
 from consensus_api.backend import Target, TargetKind
-from consensus_backends.sql.schema import Tables
+from consensus_backends.sql.schema import MYSQL_DIALECTS, Tables
 
 log = logging.getLogger("consensus_api.sql")
 
 KEEP_REVISIONS = 100_000
+#: Seconds a hole stays unasked: InnoDB takes a revision and inserts its row within one statement,
+#: so a hole this old is a transaction still open, rolled back, or committed since.
+HOLE_SETTLE = 0.2
+#: Revisions below the newest that MySQL's feed checks for holes (transactions in flight); older
+#: ones are settled unasked, with a re-read of every watched target.
+START_WINDOW = 1000
 _SEPARATOR = "\t"
 
 
@@ -34,12 +50,13 @@ def channel(t: Tables) -> str:
 def log_changes(conn: Connection, t: Tables, targets: Iterable[Target]) -> None:
     """Record that ``targets`` changed, in ``conn``'s transaction."""
     for target in targets:
-        revision = conn.execute(
-            insert(t.changes).values(kind=target.kind.value, name=target.name).returning(t.changes.c.revision)
-        ).scalar_one()
-        if conn.dialect.name == "postgresql":
-            payload = f"{revision}{_SEPARATOR}{target.kind.value}{_SEPARATOR}{target.name}"
-            conn.execute(select(func.pg_notify(channel(t), payload)))
+        row = insert(t.changes).values(kind=target.kind.value, name=target.name)
+        if conn.dialect.name != "postgresql":
+            conn.execute(row)
+            continue
+        revision = conn.execute(row.returning(t.changes.c.revision)).scalar_one()
+        payload = f"{revision}{_SEPARATOR}{target.kind.value}{_SEPARATOR}{target.name}"
+        conn.execute(select(func.pg_notify(channel(t), payload)))
 
 
 def prune(conn: Connection, t: Tables) -> None:
@@ -64,13 +81,17 @@ class ChangeFeed:
         self._poll_interval = poll_interval
         self._stop = threading.Event()
         self._last = 0
+        self._holes: Holes | None = None  # MySQL/MariaDB only
         self._thread = threading.Thread(target=self._run, name="consensus-sql-changes", daemon=True)
 
     def start(self) -> None:
         """Begin forwarding changes committed from now on (from this call's start)."""
         with self._engine.connect() as conn:
-            t = self._tables
-            self._last = conn.execute(select(func.coalesce(func.max(t.changes.c.revision), 0))).scalar_one()
+            revision = self._tables.changes.c.revision
+            self._last = conn.execute(select(func.coalesce(func.max(revision), 0))).scalar_one()
+            if self._engine.dialect.name in MYSQL_DIALECTS:
+                committed = conn.execute(select(revision).where(revision > self._last - START_WINDOW))
+                self._holes = Holes(self._last, committed.scalars())
         self._thread.start()
 
     def stop(self, timeout: float) -> None:
@@ -89,21 +110,28 @@ class ChangeFeed:
 
     def _poll(self) -> None:
         t = self._tables
-        last = self._last
+        holes = self._holes
+        last = self._last if holes is None else holes.last
         while not self._stop.wait(self._poll_interval):
             try:
                 with self._engine.connect() as conn:
                     rows = conn.execute(
                         select(t.changes).where(t.changes.c.revision > last).order_by(t.changes.c.revision)
                     ).all()
+                    if holes is not None:
+                        rows, resync = holes.settle(conn, t, rows)
             except sqlalchemy.exc.SQLAlchemyError as exc:
                 log.debug("polling the change log failed: %s", exc)
                 continue
-            if rows and rows[0].revision != last + 1:
+            if holes is None:
+                resync = bool(rows) and rows[0].revision != last + 1
+            if resync:
                 self._resync()
             for row in rows:
                 self._forward(row.kind, row.name)
-            if rows:
+            if holes is not None:
+                last = holes.last
+            elif rows:
                 last = rows[-1].revision
 
     def _listen(self) -> None:
@@ -123,3 +151,56 @@ class ChangeFeed:
             except psycopg.Error as exc:
                 log.debug("the LISTEN connection failed: %s", exc)
                 self._stop.wait(0.25)
+
+
+class Holes:
+    """MySQL's change-log position: ``last``, below which every revision was forwarded or never
+    commits, and the revisions above it already forwarded (see the module docstring)."""
+
+    def __init__(self, newest: int, committed: Iterable[int]) -> None:
+        """At start: ``newest`` revision, and the ``committed`` ones of the last ``START_WINDOW`` (not
+        news); those missing may still commit, and are then forwarded."""
+        self.last = max(0, newest - START_WINDOW)
+        self._forwarded: set[int] = set(committed)
+        self._seen: dict[int, float] = {}  # hole -> when it was first seen (monotonic)
+
+    def settle(self, conn: Connection, t: Tables, rows: Sequence[Any]) -> tuple[list[Any], bool]:
+        """Of ``rows`` (revisions above ``last``, in order), those not yet forwarded; advance ``last``
+        over revisions read or settled; and whether to re-read every target: holes more than
+        ``START_WINDOW`` below the newest revision are settled without asking (rows pruned unread,
+        or a stall of the poller), so changes may have been missed."""
+        fresh = [row for row in rows if row.revision not in self._forwarded]
+        self._forwarded.update(row.revision for row in fresh)
+        newest = max(self._forwarded, default=self.last)
+        resync = self.last < newest - START_WINDOW
+        if resync:  # far behind (rows pruned unread, or a long stall): settle the old holes unasked
+            self.last = newest - START_WINDOW
+            self._forwarded = {revision for revision in self._forwarded if revision > self.last}
+            self._seen = {revision: seen for revision, seen in self._seen.items() if revision > self.last}
+        now = time.monotonic()
+        while self.last < newest:
+            revision = self.last + 1
+            if revision not in self._forwarded:
+                seen = self._seen.setdefault(revision, now)
+                if now - seen < HOLE_SETTLE:
+                    break
+                row = _probe(conn, t, revision)
+                if row is False:
+                    break  # its transaction is still open
+                if row is not None:
+                    fresh.append(row)
+                self._seen.pop(revision, None)
+            self._forwarded.discard(revision)
+            self.last = revision
+        return fresh, resync
+
+
+def _probe(conn: Connection, t: Tables, revision: int) -> Any:
+    """The committed row of ``revision``, None if there is none, False while a transaction that
+    inserted it is open (a share-lock read that would wait: ``NOWAIT``)."""
+    query = select(t.changes).where(t.changes.c.revision == revision).with_for_update(read=True, nowait=True)
+    try:
+        with conn.begin_nested():
+            return conn.execute(query).first()
+    except sqlalchemy.exc.OperationalError:
+        return False

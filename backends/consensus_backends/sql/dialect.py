@@ -1,20 +1,97 @@
-"""The few statements that differ between SQLite and PostgreSQL."""
+"""The few statements that differ between SQLite, PostgreSQL and MySQL/MariaDB.
+
+MySQL has no ``ON CONFLICT`` and no ``RETURNING`` for ``UPDATE`` or ``DELETE``
+(MariaDB lacks the former): there an ``UPDATE`` is followed by a read of the
+row it changed (it holds the row's lock, so that read sees the change), a
+``DELETE`` is preceded by a locking read of the rows it removes, and a
+duplicate insert is recognised by its error (1062), which rolls back only its
+own statement. Every MySQL transaction runs at ``READ COMMITTED`` (see
+``engine``), as PostgreSQL's do: each statement sees what committed before it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Table
+import sqlalchemy
+from sqlalchemy import Column, ColumnElement, Connection, Table, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+
+from consensus_backends.sql.schema import MYSQL_DIALECTS
+
+#: MySQL's error number for a duplicate key.
+ER_DUP_ENTRY = 1062
+
+
+def is_mysql(conn: Connection) -> bool:
+    """Whether ``conn`` talks to MySQL or MariaDB."""
+    return conn.dialect.name in MYSQL_DIALECTS
 
 
 def insert_if_absent(conn: Connection, table: Table, index: Sequence[str], row: dict[str, Any]) -> bool:
     """``INSERT … ON CONFLICT (index) DO NOTHING``; True if the row was inserted.
 
-    Decided by ``RETURNING``: drivers do not all report a rowcount for it.
+    Decided by ``RETURNING``: drivers do not all report a rowcount for it. On
+    MySQL a plain ``INSERT`` whose duplicate-key error means "present"; any
+    other integrity error (a missing lease) propagates.
     """
+    if is_mysql(conn):
+        try:
+            conn.execute(insert(table).values(**row))
+        except sqlalchemy.exc.IntegrityError as exc:
+            if exc.orig is None or exc.orig.args[0] != ER_DUP_ENTRY:
+                raise
+            return False
+        return True
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     statement = dialect.insert(table).on_conflict_do_nothing(index_elements=list(index)).values(**row)
     key_column = next(iter(table.primary_key.columns))
     return conn.execute(statement.returning(key_column)).first() is not None
+
+
+def update_returning(
+    conn: Connection,
+    table: Table,
+    key: ColumnElement[bool],
+    condition: ColumnElement[bool],
+    *,
+    values: Mapping[str, Any],
+    returning: Column[Any],
+) -> Any:
+    """``UPDATE table SET values WHERE key AND condition RETURNING returning``: the new value of
+    ``returning`` in the single row ``key`` selects, or None if no row matched."""
+    statement = update(table).where(key, condition).values(**values)
+    if not is_mysql(conn):
+        return conn.execute(statement.returning(returning)).scalar()
+    if conn.execute(statement).rowcount == 0:  # rows matched: SQLAlchemy sets CLIENT_FOUND_ROWS
+        return None
+    return conn.execute(select(returning).where(key)).scalar()
+
+
+def delete_returning(
+    conn: Connection, table: Table, condition: ColumnElement[bool], column: Column[Any]
+) -> list[Any]:
+    """``DELETE FROM table WHERE condition RETURNING column``: ``column`` of the deleted rows."""
+    statement = delete(table).where(condition)
+    if not is_mysql(conn):
+        return list(conn.execute(statement.returning(column)).scalars())
+    gone = list(conn.execute(select(column).where(condition).with_for_update()).scalars())
+    if gone:
+        conn.execute(statement)
+    return gone
+
+
+def lock_row(conn: Connection, table: Table, key: ColumnElement[bool], row: dict[str, Any]) -> None:
+    """Lock the row ``key`` selects for update, inserting ``row`` first if there is none.
+
+    On MySQL the row is locked before any insert is tried: a duplicate insert
+    share-locks the row, and two transactions upgrading those shared locks
+    would deadlock.
+    """
+    locking = select(*table.primary_key.columns).where(key).with_for_update()
+    if is_mysql(conn) and conn.execute(locking).first() is not None:
+        return
+    insert_if_absent(conn, table, [c.name for c in table.primary_key.columns], row)
+    if conn.dialect.name != "sqlite":  # SQLite's write transactions hold the database's write lock
+        conn.execute(locking)

@@ -12,6 +12,8 @@ delivering answers nothing while TCP keeps the connection up (so neither
 ``statement_timeout`` nor TCP can end the wait): a new connection gets at
 most the time its call has left (``calls_until``), and the ``Watchdog`` cuts
 the socket of a call that outlives its deadline, so the driver fails at once.
+MySQL/MariaDB (PyMySQL) get the same bounds with their own settings
+(``mysql.session_settings``) and the same ``Watchdog``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from sqlalchemy import URL, Engine, create_engine, event
 
 from consensus_api.config import BackendURL, Options
 from consensus_api.errors import ConfigurationError
+from consensus_backends.sql import mysql
+from consensus_backends.sql.schema import MYSQL_DIALECTS
 
 #: Serialization failure, deadlock, lock wait past ``lock_timeout``, and a transaction the server
 #: ended because its client stalled inside it: each was rolled back as a whole.
@@ -45,6 +49,10 @@ def create(url: BackendURL, settings: Options) -> Engine:
     """An engine for ``url``; ``ConfigurationError`` for a URL it cannot serve. No I/O."""
     if url.scheme == "sqlite":
         return _sqlite(url, settings)
+    if url.scheme.partition("+")[0] in MYSQL_DIALECTS:
+        return mysql.create(
+            url, settings, stall_limit(settings), lambda: getattr(_call_deadline, "value", None)
+        )
     return _postgresql(url, settings)
 
 
@@ -180,11 +188,12 @@ class Watchdog:
 
 
 def _cut(dbapi_connection: Any) -> None:
-    """Shut the socket of a psycopg connection down; the connection itself stays the driver's."""
+    """Shut the socket of a psycopg or PyMySQL connection down; the connection itself stays the driver's."""
     try:
-        descriptor = dbapi_connection.pgconn.socket
+        pgconn = getattr(dbapi_connection, "pgconn", None)
+        descriptor = pgconn.socket if pgconn is not None else dbapi_connection._sock.fileno()
         duplicate = socket.socket(fileno=os.dup(descriptor))
-    except Exception:  # closed meanwhile, or not a psycopg connection: nothing to cut
+    except Exception:  # closed meanwhile: nothing to cut
         return
     with contextlib.suppress(OSError):
         duplicate.shutdown(socket.SHUT_RDWR)
@@ -276,8 +285,9 @@ def _postgresql(url: BackendURL, settings: Options) -> Engine:
 
 
 def is_retryable(exc: sqlalchemy.exc.DBAPIError) -> bool:
-    """True when the transaction was rolled back as a whole and may run again (``_RETRYABLE_SQLSTATES``)."""
-    return getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES
+    """True when the transaction was rolled back as a whole and may run again (``_RETRYABLE_SQLSTATES``,
+    ``mysql.RETRYABLE_ERRORS``)."""
+    return getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES or mysql.is_retryable(exc)
 
 
 def describe_error(exc: sqlalchemy.exc.DBAPIError, engine: Engine) -> str:

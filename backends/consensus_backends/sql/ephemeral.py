@@ -13,13 +13,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from sqlalchemy import Connection, delete, func, literal, select, update
+from sqlalchemy import Connection, and_, delete, func, literal, select, update
 
 from consensus_api.backend import Target, TargetKind
 from consensus_api.errors import FencedError, MemberExistsError, NotAMemberError
 from consensus_api.model import Leadership
 from consensus_backends.sql.changes import log_changes
-from consensus_backends.sql.dialect import insert_if_absent
+from consensus_backends.sql.dialect import (
+    delete_returning,
+    insert_if_absent,
+    is_mysql,
+    lock_row,
+    update_returning,
+)
 from consensus_backends.sql.schema import Tables, db_now
 
 
@@ -34,13 +40,16 @@ def open_lease(conn: Connection, t: Tables, session_id: str, ttl: float) -> None
 def renew_lease(conn: Connection, t: Tables, session_id: str, ttl: float) -> bool:
     """Extend an unexpired lease; False if it has expired or was reaped."""
     now = db_now(conn.dialect.name)
-    renewed = conn.execute(
-        update(t.sessions)
-        .where(t.sessions.c.id == session_id, t.sessions.c.expires_at >= now)
-        .values(expires_at=now + ttl)
-        .returning(t.sessions.c.id)
+    s = t.sessions.c
+    renewed = update_returning(
+        conn,
+        t.sessions,
+        s.id == session_id,
+        s.expires_at >= now,
+        values={"expires_at": now + ttl},
+        returning=s.id,
     )
-    return renewed.first() is not None
+    return renewed is not None
 
 
 def next_expiry(conn: Connection, t: Tables) -> float:
@@ -70,11 +79,7 @@ def drop_sessions(conn: Connection, t: Tables, session_ids: Iterable[str]) -> No
     )
     for service in services:
         _lock_service(conn, t, service)
-    groups = (
-        conn.execute(delete(t.members).where(t.members.c.session_id.in_(ids)).returning(t.members.c.grp))
-        .scalars()
-        .all()
-    )
+    groups = delete_returning(conn, t.members, t.members.c.session_id.in_(ids), t.members.c.grp)
     conn.execute(delete(t.candidates).where(t.candidates.c.session_id.in_(ids)))
     conn.execute(delete(t.sessions).where(t.sessions.c.id.in_(ids)))
     log_changes(conn, t, [Target(TargetKind.GROUP, g) for g in sorted(set(groups))])
@@ -95,12 +100,8 @@ def join(  # noqa: PLR0917
 def leave(conn: Connection, t: Tables, session_id: str, group: str, member_id: str) -> None:
     """Remove this session's member; ``NotAMemberError`` if it holds none."""
     m = t.members.c
-    gone = conn.execute(
-        delete(t.members)
-        .where(m.grp == group, m.member_id == member_id, m.session_id == session_id)
-        .returning(m.member_id)
-    )
-    if gone.first() is None:
+    mine = and_(m.grp == group, m.member_id == member_id, m.session_id == session_id)
+    if not delete_returning(conn, t.members, mine, m.member_id):
         raise NotAMemberError(f"this session has no member {member_id!r} in group {group!r}")
     log_changes(conn, t, [Target(TargetKind.GROUP, group)])
 
@@ -125,12 +126,8 @@ def resign(conn: Connection, t: Tables, session_id: str, service: str, candidate
     """Withdraw this session's candidate; ``NotAMemberError`` if it holds none."""
     _lock_service(conn, t, service)
     c = t.candidates.c
-    gone = conn.execute(
-        delete(t.candidates)
-        .where(c.service == service, c.candidate_id == candidate_id, c.session_id == session_id)
-        .returning(c.id)
-    )
-    if gone.first() is None:
+    mine = and_(c.service == service, c.candidate_id == candidate_id, c.session_id == session_id)
+    if not delete_returning(conn, t.candidates, mine, c.id):
         raise NotAMemberError(f"this session has no candidate {candidate_id!r} for {service!r}")
     _elect(conn, t, service)
 
@@ -149,9 +146,12 @@ def check_fence(conn: Connection, t: Tables, fence: Leadership) -> None:
     """Raise ``FencedError`` unless ``fence`` is current and its leader's lease unexpired.
 
     The leaders row stays share-locked until the transaction ends, so no change
-    of leader can commit between this check and the fenced write.
+    of leader can commit between this check and the fenced write. (MySQL cannot
+    lock one table of a join: the row is locked by a statement of its own.)
     """
     lc, sc = t.leaders.c, t.sessions.c
+    if is_mysql(conn):
+        conn.execute(select(lc.term).where(lc.service == fence.service).with_for_update(read=True))
     query = (
         select(lc.term)
         .join_from(t.leaders, t.sessions, lc.session_id == sc.id)
@@ -168,11 +168,7 @@ def check_fence(conn: Connection, t: Tables, fence: Leadership) -> None:
 
 
 def _lock_service(conn: Connection, t: Tables, service: str) -> None:
-    insert_if_absent(conn, t.leaders, ["service"], {"service": service, "term": 0})
-    query = select(t.leaders.c.term).where(t.leaders.c.service == service)
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update()
-    conn.execute(query)
+    lock_row(conn, t.leaders, t.leaders.c.service == service, {"service": service, "term": 0})
 
 
 def _elect(conn: Connection, t: Tables, service: str) -> Leadership | None:

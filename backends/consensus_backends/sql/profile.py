@@ -1,8 +1,9 @@
-"""Test profiles of the SQL backend (``consensus_api.conformance.profile``): SQLite and PostgreSQL.
+"""Test profiles of the SQL backend (``consensus_api.conformance.profile``): SQLite, PostgreSQL and
+MariaDB (which also serves the ``mysql`` schemes: its launcher is the only server we test them on).
 
 Detection delay: a lapsed lease is reaped at the next heartbeat of any session
 (every ``session_timeout / 3``), then listeners are told (PostgreSQL NOTIFY;
-SQLite polls every 25 ms). Server-side expiry: the session's lease row is set
+SQLite and MariaDB poll every 25 ms). Server-side expiry: the session's lease row is set
 to expired (``expires_at = 0``) by a connection of the test's own; the next
 reaper drops its members and candidates.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 from consensus_api.config import BackendURL
 from consensus_api.conformance.profile import TestProfile, moved_to_free_port
+from consensus_backends.sql.schema import MYSQL_DIALECTS
 
 
 def _detection_delay(session_timeout: float) -> float:
@@ -56,6 +58,29 @@ def _expire_postgresql(url: BackendURL, identity: Mapping[str, Any], timeout: fl
         connection.execute((statement + "%s").encode(), (session_id,))
 
 
+def _expire_mariadb(url: BackendURL, identity: Mapping[str, Any], timeout: float) -> None:
+    import pymysql  # noqa: PLC0415 - the mysql extra
+
+    statement, session_id = _expiry_statement(identity)
+    endpoint = url.endpoints[0]
+    connection = pymysql.connect(
+        host=endpoint.host,
+        port=endpoint.port or 3306,
+        user=url.username,
+        password=url.password or "",
+        database=url.path.strip("/"),
+        connect_timeout=timeout,
+        read_timeout=timeout,
+        write_timeout=timeout,
+        autocommit=True,
+    )
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(statement + "%s", (session_id,))
+    finally:
+        connection.close()
+
+
 def _uncreatable_database(url: BackendURL, workdir: Path) -> BackendURL:
     """A database path below a regular file, which no one can create."""
     blocker = workdir / "not-a-directory"
@@ -80,3 +105,19 @@ POSTGRESQL = TestProfile(
     unreachable_url=moved_to_free_port,
     not_applicable={"database_file": "a database-file fault (SQLite only)"},
 )
+
+MARIADB = TestProfile(
+    name="mariadb",
+    server="mariadb",
+    detection_delay=_detection_delay,
+    expire_session=_expire_mariadb,
+    unreachable_url=moved_to_free_port,
+    not_applicable={"database_file": "a database-file fault (SQLite only)"},
+)
+
+
+def for_scheme(scheme: str) -> TestProfile:
+    """The profile of the backend serving URLs with ``scheme``."""
+    if scheme == "sqlite":
+        return SQLITE
+    return MARIADB if scheme.partition("+")[0] in MYSQL_DIALECTS else POSTGRESQL

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from sqlalchemy import ColumnElement, Connection, and_, func, select, update
+from sqlalchemy import ColumnElement, Connection, and_, func, select
 
 from consensus_api.backend import Target, TargetKind
 from consensus_api.errors import KeyExistsError, KeyNotFoundError, VersionConflictError
 from consensus_api.keys import parent_of
 from consensus_api.model import Versioned
 from consensus_backends.sql.changes import log_changes
-from consensus_backends.sql.dialect import insert_if_absent
+from consensus_backends.sql.dialect import insert_if_absent, is_mysql, update_returning
 from consensus_backends.sql.schema import Tables
 
 
@@ -29,12 +29,15 @@ def fetch(conn: Connection, t: Tables, key: str) -> Versioned | None:
 
 def put(conn: Connection, t: Tables, key: str, value: bytes) -> int:
     """Create ``key`` (reviving a tombstone); ``KeyExistsError`` if it is live."""
-    revived = conn.execute(
-        update(t.kv)
-        .where(t.kv.c.key == key, t.kv.c.deleted.is_(True))
-        .values(value=value, version=t.kv.c.version + 1, deleted=False)
-        .returning(t.kv.c.version)
-    ).scalar()
+    kv = t.kv.c
+    revived = update_returning(
+        conn,
+        t.kv,
+        kv.key == key,
+        kv.deleted.is_(True),
+        values={"value": value, "version": kv.version + 1, "deleted": False},
+        returning=kv.version,
+    )
     if revived is None:
         row = {"key": key, "parent": parent_of(key), "value": value, "version": 1, "deleted": False}
         if not insert_if_absent(conn, t.kv, ["key"], row):
@@ -46,13 +49,15 @@ def put(conn: Connection, t: Tables, key: str, value: bytes) -> int:
 
 def update_value(conn: Connection, t: Tables, key: str, value: bytes, version: int | None) -> int:
     """Replace the value of live ``key``, at ``version`` when given."""
-    condition = _live_at(t, key, version)
-    new_version = conn.execute(
-        update(t.kv)
-        .where(condition)
-        .values(value=value, version=t.kv.c.version + 1)
-        .returning(t.kv.c.version)
-    ).scalar()
+    kv = t.kv.c
+    new_version = update_returning(
+        conn,
+        t.kv,
+        kv.key == key,
+        _live_at(t, version),
+        values={"value": value, "version": kv.version + 1},
+        returning=kv.version,
+    )
     if new_version is None:
         _raise_missing_or_conflict(conn, t, key, version)
     log_changes(conn, t, [Target(TargetKind.VALUE, key)])
@@ -61,12 +66,15 @@ def update_value(conn: Connection, t: Tables, key: str, value: bytes, version: i
 
 def delete(conn: Connection, t: Tables, key: str, version: int | None) -> None:
     """Turn live ``key`` into a tombstone, at ``version`` when given."""
-    done = conn.execute(
-        update(t.kv)
-        .where(_live_at(t, key, version))
-        .values(value=None, version=t.kv.c.version + 1, deleted=True)
-        .returning(t.kv.c.version)
-    ).scalar()
+    kv = t.kv.c
+    done = update_returning(
+        conn,
+        t.kv,
+        kv.key == key,
+        _live_at(t, version),
+        values={"value": None, "version": kv.version + 1, "deleted": True},
+        returning=kv.version,
+    )
     if done is None:
         _raise_missing_or_conflict(conn, t, key, version)
     _log_key(conn, t, key)
@@ -85,14 +93,18 @@ def walk_page(
 
     The prefix test is an exact ``substr`` comparison (no ``LIKE`` escaping, no
     reliance on the collation's order); on SQLite, whose collation is binary,
-    the prefix is also one range of the primary key.
+    the prefix is also one range of the primary key. On MySQL, whose keys are
+    bytes (``SUBSTR`` would count bytes), that range is the whole test: with
+    "0" right after "/", exactly the keys below ``namespace`` sort between
+    ``namespace/`` and ``namespace0``.
     """
     kv = t.kv
     query = select(kv.c.key, kv.c.value, kv.c.version).where(kv.c.deleted.is_(False))
     if namespace:
         prefix = namespace + "/"
-        query = query.where(func.substr(kv.c.key, 1, len(prefix)) == prefix)
-        if conn.dialect.name == "sqlite":
+        if not is_mysql(conn):
+            query = query.where(func.substr(kv.c.key, 1, len(prefix)) == prefix)
+        if conn.dialect.name != "postgresql":
             query = query.where(kv.c.key > prefix, kv.c.key < namespace + "0")  # "0" follows "/"
     if after is not None:
         query = query.where(kv.c.key > after)
@@ -100,9 +112,10 @@ def walk_page(
     return [(row.key, Versioned(bytes(row.value), row.version)) for row in rows]
 
 
-def _live_at(t: Tables, key: str, version: int | None) -> ColumnElement[bool]:
-    condition = and_(t.kv.c.key == key, t.kv.c.deleted.is_(False))
-    return condition if version is None else and_(condition, t.kv.c.version == version)
+def _live_at(t: Tables, version: int | None) -> ColumnElement[bool]:
+    """Live, and at ``version`` when given."""
+    live = t.kv.c.deleted.is_(False)
+    return live if version is None else and_(live, t.kv.c.version == version)
 
 
 def _raise_missing_or_conflict(conn: Connection, t: Tables, key: str, version: int | None) -> NoReturn:
