@@ -277,6 +277,22 @@ def test_listener_added_again_gets_the_current_version_again(tmp_path: Path) -> 
     )
 
 
+def test_listener_sees_a_delete_after_versions(tmp_path: Path) -> None:
+    """A deleted key's event has no version: after versions were seen it is no step back (the chaos
+    run on SQLite found a crash here), and a re-added listener's first event may be the delete."""
+    h = History("listener-delete")
+    h.op(0, "put", 0, 10, value="a", out={"version": 1})
+    h.op(0, "delete", 12, 15)
+    h.event(1, "watch", 1, key=K)
+    h.event(1, "value", 11, key=K, value="a", version=1)
+    h.event(1, "value", 16, key=K, value=None, version=None)
+    h.event(1, "unwatch", 20, key=K)
+    h.event(1, "watch", 21, key=K)
+    h.event(1, "value", 22, key=K, value=None, version=None)
+    h.event(1, "final", 30, key=K, value=None, version=None)
+    assert check_history(h.save(tmp_path / "ok"), "local").findings == []
+
+
 def test_info_write_of_a_value_another_write_wrote(tmp_path: Path) -> None:
     """A timed-out update writes "a", which the put wrote too: the reads of "a" are the put's, and the update
     may never have taken effect (so it must not be given the first sighting of "a" as its return)."""

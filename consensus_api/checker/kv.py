@@ -132,14 +132,16 @@ def _listener_problems(
             last.pop(process, None)
         elif f == "value":
             previous, top = last.get(process), high.get(process)
-            if previous is None:  # first event of a (re-)added listener: the current state, maybe seen before
-                back = top is not None and row[VERSION] < top[VERSION]
-            else:
-                same = (previous[VALUE], previous[VERSION]) == (row[VALUE], row[VERSION])
-                back = not same and top is not None and row[VERSION] <= top[VERSION]
-            if row[VALUE] is not None and back and top is not None:
-                items = [point(top, _event_text(top)), point(row, _event_text(row), True)]
-                problems.append((f"observer {process}: version {row[VERSION]} after {top[VERSION]}", items))
+            if row[VALUE] is not None and top is not None:  # a deleted key's event has no version
+                if previous is None:  # a (re-)added listener's first event: the current state, maybe seen
+                    back = row[VERSION] < top[VERSION]
+                else:
+                    same = (previous[VALUE], previous[VERSION]) == (row[VALUE], row[VERSION])
+                    back = not same and row[VERSION] <= top[VERSION]
+                if back:
+                    items = [point(top, _event_text(top)), point(row, _event_text(row), True)]
+                    message = f"observer {process}: version {row[VERSION]} after {top[VERSION]}"
+                    problems.append((message, items))
             if row[VALUE] is not None:
                 problems += _phantom(row, written.get(row[VALUE], []))
                 if top is None or row[VERSION] > top[VERSION]:
