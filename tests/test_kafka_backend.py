@@ -2,8 +2,8 @@
 
 Storage (racing conditional writes, versions, fencing in log order), group
 membership and election on the real group protocol (dead sessions, SIGKILLed
-processes, hand-over), session states across broker pauses and restarts, and
-the pure parts (state machine, record format, group-leader assignment).
+processes, hand-over), and the pure parts (state machine, record format, group-leader
+assignment). Broker faults: tests/test_kafka_broker_faults.py.
 A crash is a real one: a child process holding the session (``conformance.worker hold``) is SIGKILLed.
 """
 
@@ -346,65 +346,6 @@ def test_assignments_and_metadata_do_not_grow_with_the_group() -> None:
         return max(len(raw) for raw in [*assignments.values(), *(raw for _, raw in members)])
 
     assert largest(1000) <= largest(10) + 8 < 200
-
-
-# Session liveness and faults (a broker of their own)
-
-
-@pytest.fixture
-def fault_server() -> Iterator[ServerHandle]:
-    with start_server("kafka") as handle:
-        yield handle
-
-
-def test_paused_broker_suspends_then_reconnects(fault_server: ServerHandle) -> None:
-    """A short broker pause: SUSPENDED then CONNECTED, nothing lost, the member still there."""
-    url = f"{fault_server.url}/pause"
-    with (
-        ca.connect(url, session_timeout=8, request_timeout=10) as session,
-        ca.connect(url, session_timeout=8) as observer,
-    ):
-        states: EventLog[ca.SessionState] = EventLog("states")
-        session.add_state_listener(states)
-        session.group("g").join("m")
-        session.storage.put("k", b"v")
-        fault_server.pause()
-        try:
-            states.wait_for(lambda state: state is SUSPENDED, 5)
-        finally:
-            fault_server.resume()
-        states.wait_for(lambda state: state is CONNECTED, 10)
-        assert LOST not in states.events
-        assert observer.group("g").members() == {"m"}
-        assert observer.storage.fetch("k") is not None
-
-
-def test_broker_restart_loses_the_session_then_rejoins(fault_server: ServerHandle) -> None:
-    """A restart longer than the session timeout: LOST (leaders told first), CONNECTED, re-joined;
-    the log survives and the old leadership is fenced out."""
-    url = f"{fault_server.url}/restart"
-    with ca.connect(url, session_timeout=2) as session, ca.connect(url, session_timeout=2) as observer:
-        states: EventLog[ca.SessionState] = EventLog("states")
-        leaders: EventLog[ca.LeaderChanged] = EventLog("leaders")
-        session.add_state_listener(states)
-        session.group("g").join("m", b"d")
-        assert session.election("s").nominate("c") is True
-        old = session.election("s").leadership()
-        session.election("s").add_listener(leaders)
-        leaders.wait_for(lambda event: event.leader_id == "c")
-        version = session.storage.put("k", b"v")
-        fault_server.kill()
-        time.sleep(3)
-        fault_server.restart(90)
-        states.wait_for(lambda state: state is LOST, 30)
-        states.wait_for(lambda state: state is CONNECTED, 60, since=states.events.index(LOST))
-        assert leaders.events.index(ca.LeaderChanged("s", None, None)) > 0
-        wait_until(lambda: observer.group("g").membership() == {"m": b"d"}, 30, what="the member re-joined")
-        new = wait_until(lambda: observer.election("s").leadership(), 30, what="a leader again")
-        assert old is not None and new.leader_id == "c" and new.term > old.term
-        with pytest.raises(ca.FencedError):
-            session.storage.put("late", b"x", fence=old)
-        assert observer.storage.fetch("k") == ca.Versioned(b"v", version)
 
 
 # Connection, options and credentials

@@ -17,7 +17,8 @@ Every ``TICK`` seconds (or at once when woken) the driver
   is older than ``session_timeout``, or no probe succeeded for
   ``session_timeout`` (the broker may have dropped everything). On LOST the
   host tears down every member; CONNECTED follows once a probe succeeds and
-  the host confirms the old members are gone from their groups.
+  the host confirms the old members are recorded as departed and gone from
+  their groups (:mod:`consensus_backends.kafka.departures`).
 
 Nothing here blocks on the network: requests run as futures on the channel's
 IO thread; blocking work goes to the :class:`Worker`.
@@ -58,7 +59,8 @@ class Host(Protocol):
         """The session is LOST: stop every member now; may finish later, on the worker."""
 
     def recovered(self) -> bool:
-        """True once the members of the lost session are gone from their groups."""
+        """True once every member the session gave up is recorded as departed and gone from its
+        group; starts that work (on the worker) if it is pending."""
 
 
 class Worker:
@@ -230,6 +232,8 @@ class Driver:
             self._report(SessionState.SUSPENDED)
         elif self._state is SessionState.SUSPENDED:
             self._report(SessionState.CONNECTED)
+        else:
+            self._host.recovered()  # departures that failed while CONNECTED are retried
 
     def _report(self, state: SessionState) -> None:
         if state is not self._state:

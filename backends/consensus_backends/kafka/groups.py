@@ -8,6 +8,9 @@ accepted it) are visible, so what the broker stores and returns per group
 grows linearly with its members; during a rebalance only the member ids are,
 so the last Stable roster is used for members still present, and a reader
 waits (at most ``session_timeout``) when a member it has never seen is joining.
+Members recorded as departed in the command log are never reported, whatever
+the broker restored (:mod:`consensus_backends.kafka.departures`); a membership
+read first catches up with the log, so a ``leave`` that returned is seen.
 
 The leader of a service is the holder of the service's lease in the command
 log (:mod:`consensus_backends.kafka.state`) while its Kafka member is still in the
@@ -35,6 +38,7 @@ from consensus_api.errors import (
 from consensus_api.model import Leadership
 from consensus_backends.kafka.channel import GONE, STABLE, Channel, GroupView
 from consensus_backends.kafka.commandlog import CommandLog
+from consensus_backends.kafka.departures import Departures
 from consensus_backends.kafka.errors import timeout_error, translate
 from consensus_backends.kafka.member import Member, start_member
 from consensus_backends.kafka.protocol import (
@@ -79,7 +83,7 @@ class Groups:
         self._lock = threading.Lock()
         self._members: dict[Key, Member] = {}
         self._rosters: dict[str, Roster] = {}
-        self._zombies: list[tuple[str, str]] = []
+        self._departures = Departures(log_, channel)
         self._retired: set[Leadership] = set()
         self._tearing_down = False
         self._cleaning = False
@@ -92,12 +96,15 @@ class Groups:
         self._add(False, group, member_id, data)
 
     def leave(self, group: str, member_id: str) -> None:
-        """Leave ``group``: LeaveGroup, so observers see the member gone at once."""
+        """Leave ``group``: a ``DEPART`` record, then LeaveGroup, so observers see the member gone at
+        once; raises if the record was not acknowledged (the member is given up all the same)."""
         self._remove((False, group, member_id))
 
     def membership(self, group: str) -> dict[str, bytes]:
-        """The live members of ``group`` and their data."""
-        return self._roster(self._settings.group_id(group))
+        """The live members of ``group`` and their data, as of a read after the log's end."""
+        deadline = time.monotonic() + self._settings.request_timeout
+        self._log.sync(deadline)
+        return dict(self._roster_entries(self._settings.group_id(group), deadline))
 
     # Election (docs/spec.md section 7)
 
@@ -127,10 +134,10 @@ class Groups:
                     ours = [m for m in self._members.values() if m.election and m.kafka_id == lease.member]
                 if ours and self._healthy(ours[0]):
                     return Leadership(service, lease.leader, lease.term)
-            view = self._describe(group_id, deadline)
-            if lease.leader is not None and lease.member in view.members:
+            present = set(self._describe(group_id, deadline).members) - self._state.departed(group_id)
+            if lease.leader is not None and lease.member in present:
                 return Leadership(service, lease.leader, lease.term)
-            if not view.members or time.monotonic() + SETTLE_POLL >= settle_by:
+            if not present or time.monotonic() + SETTLE_POLL >= settle_by:
                 return None
             time.sleep(SETTLE_POLL)
 
@@ -178,10 +185,10 @@ class Groups:
         with self._lock:
             if self._tearing_down or self._cleaning:
                 return False
-            if not self._zombies:
+            if not self._departures.pending():
                 return True
             self._cleaning = True
-        self._worker.submit(self._clean_zombies)
+        self._worker.submit(self._settle_departures)
         return False
 
     # Member hooks (IO thread: never block)
@@ -257,18 +264,22 @@ class Groups:
         if member is None:
             kind = "candidate" if key[0] else "member"
             raise NotAMemberError(f"this session has no {kind} {key[2]!r} in {key[1]!r}")
-        self._stop([member], time.monotonic() + self._settings.request_timeout)
+        error = self._stop([member], time.monotonic() + self._settings.request_timeout)
+        if error is not None:
+            raise error
 
-    def _stop(self, doomed: list[Member], deadline: float) -> None:
+    def _stop(self, doomed: list[Member], deadline: float) -> ConsensusError | None:
+        """Vacate leases, record the departures, then leave; the error if the record failed."""
         for member in doomed:
             member.stopping = True
         for member in doomed:
             if member.election:
                 self._unlead(member, deadline)
+        error = self._departures.record([(m.group_id, m.kafka_id) for m in doomed if m.kafka_id], deadline)
         for member in doomed:
-            if not member.stop(self._channel, deadline) and member.kafka_id:
-                with self._lock:
-                    self._zombies.append((member.group_id, member.kafka_id))
+            if not member.stop(self._channel, deadline) and member.kafka_id and error is None:
+                self._departures.unleft((member.group_id, member.kafka_id))
+        return error
 
     def _unlead(self, member: Member, deadline: float) -> None:
         lease = self._state.lease(member.name)
@@ -290,21 +301,9 @@ class Groups:
                 self._tearing_down = False
             self.wake()
 
-    def _clean_zombies(self) -> None:
-        deadline = time.monotonic() + min(self._settings.request_timeout, 2.0)
-        with self._lock:
-            zombies = list(self._zombies)
+    def _settle_departures(self) -> None:
         try:
-            for group_id, kafka_id in zombies:
-                try:
-                    self._channel.leave(group_id, [kafka_id], deadline)
-                except kerrors.KafkaError as exc:
-                    log.info(
-                        "could not remove old member %s of %s (%s)", kafka_id, group_id, type(exc).__name__
-                    )
-                    continue
-                with self._lock:
-                    self._zombies.remove((group_id, kafka_id))
+            self._departures.settle(time.monotonic() + min(self._settings.request_timeout, 2.0))
         finally:
             with self._lock:
                 self._cleaning = False
@@ -357,16 +356,12 @@ class Groups:
         except kerrors.KafkaError as exc:
             raise translate(exc, f"describing group {group_id!r}") from None
 
-    def _roster(self, group_id: str) -> dict[str, bytes]:
-        deadline = time.monotonic() + self._settings.request_timeout
-        return dict(self._roster_entries(group_id, deadline))
-
     def _roster_entries(
         self, group_id: str, deadline: float, *, settle: bool = True
     ) -> list[tuple[str, bytes]]:
         """(id, data) of the accepted members. While members never seen in a Stable roster are joining,
         wait (at most ``session_timeout`` plus a second) for the rebalance to end if ``settle``, else
-        answer at once from the last Stable roster this session saw."""
+        answer at once from the last Stable roster this session saw. Departed members are left out."""
         settle_within = (
             min(self._settings.request_timeout, self._settings.session_timeout + 1) if settle else 0.0
         )
@@ -375,14 +370,14 @@ class Groups:
             view = self._describe(group_id, deadline)
             if view.state in GONE:
                 return []
+            present = set(view.members) - self._state.departed(group_id)
             if view.state == STABLE:
                 roster = Roster.of(group_id, view)
                 with self._lock:
                     self._rosters[group_id] = roster
-                return list(roster.present(set(view.members)).items())
+                return list(roster.present(present).items())
             with self._lock:
                 cached = self._rosters.get(group_id)
-            present = set(view.members)
             give_up = time.monotonic() + SETTLE_POLL >= settle_by
             if cached is not None and (present <= cached.known or give_up):
                 return list(cached.present(present).items())

@@ -6,8 +6,8 @@ precondition. Records have no key (the topic is never compacted). Headers:
 
 =========  ====================================================================
 ``ca``     format marker, ``1``
-``op``     ``put`` | ``update`` | ``delete`` | ``lead`` | ``unlead``
-``k``      the key (storage commands) or the service (``lead`` / ``unlead``)
+``op``     ``put`` | ``update`` | ``delete`` | ``lead`` | ``unlead`` | ``depart``
+``k``      the key (storage commands) or the service (``lead`` / ``unlead``); empty for ``depart``
 ``ver``    expected version (``update`` / ``delete`` with ``version=``)
 ``fs``     fence: service; ``fl`` its leader id; ``ft`` its term
 ``cand``   ``lead`` / ``unlead``: the candidate id
@@ -16,6 +16,8 @@ precondition. Records have no key (the topic is never compacted). Headers:
 ``sid``    writer session id; ``rid`` its request number (to hand back the outcome)
 =========  ====================================================================
 
+A ``depart`` record's value is JSON ``[[Kafka group id, Kafka member id], ...]``:
+members that left for good (:mod:`consensus_backends.kafka.departures`).
 Integers are decimal ASCII. A record without the marker, or one this version
 cannot parse, is skipped by every reader alike.
 """
@@ -23,6 +25,7 @@ cannot parse, is skipped by every reader alike.
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +44,7 @@ class Op(enum.Enum):
     DELETE = "delete"
     LEAD = "lead"
     UNLEAD = "unlead"
+    DEPART = "depart"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,3 +108,17 @@ def decode(headers: Sequence[tuple[str, bytes]], value: bytes | None) -> Command
         )
     except (KeyError, ValueError, UnicodeDecodeError):
         return None
+
+
+def encode_departures(departures: Sequence[tuple[str, str]]) -> bytes:
+    """The value of a ``depart`` command naming ``(group id, Kafka member id)`` pairs."""
+    return json.dumps([list(pair) for pair in departures]).encode()
+
+
+def decode_departures(value: bytes) -> list[tuple[str, str]]:
+    """The ``(group id, Kafka member id)`` pairs of a ``depart`` value ([] if unreadable)."""
+    try:
+        pairs = json.loads(value)
+        return [(str(group_id), str(member_id)) for group_id, member_id in pairs]
+    except (ValueError, TypeError):
+        return []

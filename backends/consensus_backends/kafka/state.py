@@ -11,6 +11,9 @@ set on the service's lease), an ``UNLEAD`` vacates the lease it names, and a
 fenced write succeeds only if its ``(leader, term)`` is the lease in force at
 that point of the log: fencing is decided in log order, atomically with the
 write.
+
+Departures (``DEPART``) record Kafka group members that left for good; a
+member id once departed stays departed (:mod:`consensus_backends.kafka.groups`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from consensus_api.backend import Target, TargetKind
 from consensus_api.keys import parent_of
 from consensus_api.model import Leadership, Versioned
-from consensus_backends.kafka.records import Command, Op
+from consensus_backends.kafka.records import Command, Op, decode_departures
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,7 @@ class StateMachine:
         self._values: dict[str, Versioned] = {}
         self._children: defaultdict[str, set[str]] = defaultdict(set)
         self._leases: dict[str, Lease] = {}
+        self._departed: defaultdict[str, set[str]] = defaultdict(set)
 
     def get(self, key: str) -> Versioned | None:
         """The key's value and version, or None."""
@@ -88,9 +92,18 @@ class StateMachine:
         with self._lock:
             return self._leases.get(service, VACANT)
 
+    def departed(self, group_id: str) -> frozenset[str]:
+        """The Kafka member ids of ``group_id`` recorded as gone for good."""
+        with self._lock:
+            return frozenset(self._departed.get(group_id, ()))
+
     def apply(self, offset: int, command: Command) -> tuple[Outcome, list[Target]]:
         """Apply the command at ``offset``; its outcome and the targets it changed."""
         with self._lock:
+            if command.op is Op.DEPART:
+                for group_id, member_id in decode_departures(command.value):
+                    self._departed[group_id].add(member_id)
+                return Outcome(Result.OK), []
             if command.op is Op.LEAD:
                 return self._lead(offset, command)
             if command.op is Op.UNLEAD:
