@@ -11,7 +11,7 @@ from rich.table import Table
 from consensus_api.cli._common import err_console, expand_url, out_console, require_extra
 from consensus_api.history.nemesis import FAULTS
 from consensus_api.history.runner import ChaosOptions, run_chaos
-from consensus_api.testing import STORE_NAMES
+from consensus_api.testing import STORE_NAMES, require_launchers
 
 
 def _faults(text: str) -> frozenset[str]:
@@ -106,8 +106,8 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
     )
     options.validate()
     require_extra("spark", ["pyarrow"], "recording a history")
-    if server not in (None, "sqlite"):
-        require_extra("testing", ["mirakuru", "psutil"], f"--server {server}")
+    if server is not None:
+        require_launchers([server])
     columns = (TextColumn("chaos"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
     with Progress(*columns, console=err_console(), transient=False) as bar:
         task = bar.add_task("run", total=duration, status="starting")

@@ -66,6 +66,12 @@ class TestProfile:
     ``unreachable_url(url, workdir)``: the tested URL moved to a place nothing
     serves, keeping scheme and path (``workdir`` is an empty scratch directory).
     ``not_applicable``: marker (``MARKERS``) -> why tests with it do not apply.
+    ``credentials_in_url``: its URLs may carry a user name and password (False:
+    such a URL is a ``ConfigurationError``, as SQLite's file URLs are).
+    ``stops_inside_write``: the backend reads the test hook
+    ``CONSENSUS_TEST_STOP_IN_FENCED_WRITE`` (``conformance/worker.py``): its next
+    fenced write stops the process inside its transaction. Otherwise the
+    frozen-leader test stops the process while a write is in flight.
     """
 
     __test__ = False  # not a pytest test class despite its name
@@ -76,6 +82,8 @@ class TestProfile:
     expire_session: SessionExpirer | None
     unreachable_url: Callable[[BackendURL, Path], BackendURL]
     not_applicable: Mapping[str, str] = field(default_factory=dict)
+    credentials_in_url: bool = True
+    stops_inside_write: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.not_applicable) - set(MARKERS)

@@ -65,14 +65,13 @@ from consensus_api.config import parse_url
 from consensus_api.conformance.child import ChildProcess
 from consensus_api.conformance.faults_support import Prober
 from consensus_api.conformance.helpers import EVENT_TIMEOUT
+from consensus_api.conformance.profile import profile_for
 from consensus_api.session import Session
 
 _print_lock = threading.Lock()
 
 #: Test hook of the SQL backend: its next fenced write stops this process inside its transaction.
 STOP_IN_FENCED_WRITE = "CONSENSUS_TEST_STOP_IN_FENCED_WRITE"
-#: The backends that read it.
-HOOKED_BACKENDS = ("sqlite", "postgresql", "mysql", "mariadb")
 #: Elsewhere, how long after a write began the process stops itself (its request is then in flight),
 #: and how many writes it tries before giving up (one that finished sooner is not frozen).
 IN_FLIGHT = 0.0002
@@ -226,7 +225,7 @@ def _freeze_in_write(session: Session, held: Leadership | None, operation: str, 
     ``FREEZE_ATTEMPTS`` times. Reported once resumed as ``FROZE <op> <outcome>
     <seconds>`` (``FROZE <op> never-in-flight 0`` if no attempt was caught).
     """
-    if session.backend in HOOKED_BACKENDS:
+    if profile_for(session.url).stops_inside_write:
         os.environ[STOP_IN_FENCED_WRITE] = "1"
         emit("FROZE", operation, *_fenced_outcome(session, held, operation, key))
         return

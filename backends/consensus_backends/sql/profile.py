@@ -95,6 +95,8 @@ SQLITE = TestProfile(
     expire_session=_expire_sqlite,
     unreachable_url=_uncreatable_database,
     not_applicable={"requires_server": "SQLite has no server process"},
+    credentials_in_url=False,
+    stops_inside_write=True,
 )
 
 POSTGRESQL = TestProfile(
@@ -104,6 +106,7 @@ POSTGRESQL = TestProfile(
     expire_session=_expire_postgresql,
     unreachable_url=moved_to_free_port,
     not_applicable={"database_file": "a database-file fault (SQLite only)"},
+    stops_inside_write=True,
 )
 
 MARIADB = TestProfile(
@@ -113,6 +116,7 @@ MARIADB = TestProfile(
     expire_session=_expire_mariadb,
     unreachable_url=moved_to_free_port,
     not_applicable={"database_file": "a database-file fault (SQLite only)"},
+    stops_inside_write=True,
 )
 
 
