@@ -43,7 +43,7 @@ class ZooKeeperBackend(Backend):
         super().__init__(url, options, events)
         self._layout = Layout(chroot_of(url.path))
         self._connection = Connection(
-            url, options, Security(url, options.extra), events.state_changed, self._on_connected
+            url, options, Security(options.security), events.state_changed, self._on_connected
         )
         timeout = options.request_timeout
         self._watches = Watches(self._connection.client, self._layout, events.changed)
