@@ -33,6 +33,8 @@ import psutil
 from mirakuru import SimpleExecutor
 from mirakuru.exceptions import ProcessFinishedWithError
 
+from consensus_api.config import redact_text
+
 HOST = "127.0.0.1"
 _issued_ports: set[int] = set()
 
@@ -203,7 +205,7 @@ class ServerHandle:
         self._stopped = False
 
     def __repr__(self) -> str:
-        return f"<ServerHandle {self.name} {self.url} pid={self._pid_or_none()}>"
+        return f"<ServerHandle {self.name} {redact_text(self.url)} pid={self._pid_or_none()}>"
 
     @property
     def pid(self) -> int:

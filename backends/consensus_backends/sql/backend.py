@@ -40,6 +40,7 @@ from consensus_api.backend import Backend, Target
 from consensus_api.config import BackendURL, boolean, positive_float, string
 from consensus_api.errors import (
     BackendUnavailableError,
+    ConfigurationError,
     OperationTimeoutError,
     SessionLostError,
 )
@@ -54,6 +55,7 @@ from consensus_backends.sql.engine import (
     create,
     describe_error,
     is_retryable,
+    permanent_connect_failure,
 )
 from consensus_backends.sql.schema import Tables
 
@@ -87,10 +89,7 @@ class SQLBackend(Backend):
     options = {
         "table_prefix": string,
         "poll_interval": positive_float,
-        "tls": boolean,
-        "tls_ca": string,
-        "tls_cert": string,
-        "tls_key": string,
+        "tls": boolean,  # enables the common security options (docs/spec.md section 2)
     }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -275,6 +274,11 @@ class SQLBackend(Backend):
                 with calls_until(deadline, MIN_CONNECT_LEFT if retry else HEARTBEAT_CONNECT_LEFT):
                     conn = self._engine.connect()
             except sqlalchemy.exc.DBAPIError as exc:
+                permanent = permanent_connect_failure(exc)
+                if permanent is not None:
+                    raise ConfigurationError(
+                        f"cannot connect to {self.url.redacted()}: {permanent}"
+                    ) from None
                 if retry and time.monotonic() + RETRY_PAUSE < deadline:
                     time.sleep(RETRY_PAUSE)
                     continue
