@@ -66,12 +66,17 @@ def write_certificates(directory: Path) -> Path:
     return directory
 
 
+#: The 8 bytes a PostgreSQL client sends to ask for TLS (length 8, code 80877103).
+POSTGRESQL_SSL_REQUEST = bytes.fromhex("0000000804d2162f")
+
+
 class Impostor:
     """A TLS endpoint on a free loopback port presenting ``<name>.pem`` from a certificates directory.
 
     It accepts connections, completes the handshake when the client lets it,
     and counts the application bytes it receives (``received``): a client that
-    refuses the certificate sends none. A context manager; stops within 1 s.
+    refuses the certificate sends none. A PostgreSQL client's ``SSLRequest``
+    before the handshake is answered as a server would. A context manager; stops within 1 s.
     """
 
     def __init__(self, certificates: Path, name: str) -> None:
@@ -79,6 +84,7 @@ class Impostor:
         self.handshakes = 0
         self._context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._context.load_cert_chain(certificates / f"{name}.pem", certificates / f"{name}.key")
+        self._context.set_alpn_protocols(["h2", "postgresql"])
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.2)
         self.port: int = self._listener.getsockname()[1]
@@ -103,6 +109,9 @@ class Impostor:
             with connection:
                 connection.settimeout(1.0)
                 try:
+                    if connection.recv(8, socket.MSG_PEEK) == POSTGRESQL_SSL_REQUEST:
+                        connection.recv(8)
+                        connection.sendall(b"S")
                     with self._context.wrap_socket(connection, server_side=True) as tls:
                         self.handshakes += 1
                         while chunk := tls.recv(65536):

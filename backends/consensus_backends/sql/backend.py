@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -37,7 +38,7 @@ import sqlalchemy
 from sqlalchemy import Connection, Engine
 
 from consensus_api.backend import Backend, Target
-from consensus_api.config import BackendURL, boolean, positive_float, string
+from consensus_api.config import BackendURL, boolean, positive_float
 from consensus_api.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -83,11 +84,22 @@ WALK_PAGE = 500
 STOP_IN_FENCED_WRITE = "CONSENSUS_TEST_STOP_IN_FENCED_WRITE"
 
 
+#: Table prefixes: they are spliced into SQL (table, trigger and LISTEN channel names) unquoted.
+_TABLE_PREFIX_RE = re.compile(r"[A-Za-z0-9_]{1,40}")
+
+
+def table_prefix(value: Any) -> str:
+    """Parse a table prefix: 1-40 characters of A-Z a-z 0-9 _."""
+    if not isinstance(value, str) or not _TABLE_PREFIX_RE.fullmatch(value):
+        raise ValueError(f"expected 1-40 characters of A-Z a-z 0-9 _, got {value!r}")
+    return value
+
+
 class SQLBackend(Backend):
     """Coordination state in SQL tables; see the module docstring for guarantees."""
 
     options = {
-        "table_prefix": string,
+        "table_prefix": table_prefix,
         "poll_interval": positive_float,
         "tls": boolean,  # enables the common security options (docs/spec.md section 2)
     }
