@@ -123,16 +123,19 @@ def _parse_endpoint(text: str, scheme: str) -> Endpoint:
         host, _, tail = text[1:].partition("]")
         port_text = tail[1:] if tail.startswith(":") else tail
         if tail and not tail.startswith(":"):
-            raise ConfigurationError(f"malformed host in the {scheme}:// URL")
+            raise ConfigurationError(f"malformed host {text!r} in the {scheme}:// URL")
     elif ":" in text:
         host, _, port_text = text.rpartition(":")
     if not host or not re.fullmatch(r"[A-Za-z0-9._:%-]+", host):
-        raise ConfigurationError(f"malformed host in the {scheme}:// URL")
+        raise ConfigurationError(f"malformed host {host!r} in the {scheme}:// URL")
     if not port_text:
         return Endpoint(host, None)
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        # Not echoed: a password with a ':' but no '@' before the host ends up here.
-        raise ConfigurationError(f"malformed port in the {scheme}:// URL (expected 1-65535)")
+        # Only digits are echoed: 'user:password' without its '@' puts the password here.
+        shown = repr(port_text) if port_text.isdigit() else "(not a number: is an '@' missing?)"
+            repr(port_text) if port_text.isdigit() else "(not a number; is an '@' missing after a password?)"
+        )
+        raise ConfigurationError(f"malformed port {shown} in the {scheme}:// URL (expected 1-65535)")
     return Endpoint(host, int(port_text))
 
 
@@ -232,6 +235,11 @@ class Security:
         """A user name or a password is configured."""
         return self.username is not None or self.password is not None
 
+    @property
+    def sends_password_in_clear(self) -> bool:
+        """A password is configured without TLS."""
+        return self.password is not None and not self.tls
+
     def ssl_context(self) -> ssl.SSLContext:
         """A client context: TLS 1.2+, chain and host name checked, the client certificate loaded."""
         context = ssl.create_default_context(cafile=self.tls_ca)
@@ -244,7 +252,7 @@ class Security:
 def _security(given: Mapping[str, Any], url: BackendURL | None, backend_name: str) -> Security:
     """Check the security options together; ``url`` contributes its user name and password."""
     values = dict(given)
-    from_url = {"username": url and url.username, "password": url and url.password}
+    from_url = {"username": (url and url.username) or None, "password": url and url.password}
     for name, value in from_url.items():
         if value is None:
             continue
@@ -262,7 +270,7 @@ def _security(given: Mapping[str, Any], url: BackendURL | None, backend_name: st
     if files and not values.setdefault("tls", True):
         raise ConfigurationError(f"options {', '.join(files)} need tls=true")
     security = Security(**values)
-    if security.has_credentials and not security.tls:
+    if security.sends_password_in_clear:
         log.warning("%s: credentials are sent without TLS (set tls=true to encrypt them)", backend_name)
     return security
 
