@@ -133,8 +133,6 @@ def _parse_endpoint(text: str, scheme: str) -> Endpoint:
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         # Only digits are echoed: 'user:password' without its '@' puts the password here.
         shown = repr(port_text) if port_text.isdigit() else "(not a number: is an '@' missing?)"
-            repr(port_text) if port_text.isdigit() else "(not a number; is an '@' missing after a password?)"
-        )
         raise ConfigurationError(f"malformed port {shown} in the {scheme}:// URL (expected 1-65535)")
     return Endpoint(host, int(port_text))
 
