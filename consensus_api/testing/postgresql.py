@@ -5,7 +5,7 @@ otherwise as the current user. The superuser is always ``postgres`` with trust
 auth, except in the secure variant (``start(secure=True)``): TLS only
 (``hostssl``, certificates made at start in ``<dir>/certs``), ``scram-sha-256``
 passwords for every user, no trust; its URL names the user ``consensus``, which
-owns the database ``consensus`` and nothing else, with a random password
+owns the database ``consensus`` and may not connect to ``elsewhere``, with a random password
 (``postgres`` gets one too, kept in ``<dir>/superuser-password``). The data
 dir is copied from a template made by ``initdb`` once per major version and
 owner, kept in the cache dir. Commits survive a kill -9
@@ -143,6 +143,8 @@ def _secure_setup(
         f"ALTER ROLE postgres PASSWORD '{superuser}'\n"
         f"CREATE ROLE {SECURE_USER} LOGIN PASSWORD '{application}'\n"
         f"CREATE DATABASE {SECURE_USER} OWNER {SECURE_USER}\n"
+        "CREATE DATABASE elsewhere\n"
+        "REVOKE CONNECT ON DATABASE elsewhere FROM PUBLIC\n"
     )
     with log.open("ab") as out:
         done = subprocess.run(

@@ -5,8 +5,8 @@ variant (``start(secure=True)``) serves clients only on a TLS port (Netty,
 client certificates required) with certificates made at start
 (``consensus_api.testing.certificates``, in ``<dir>/certs``); its URL names
 the user ``consensus`` and the chroot ``/consensus``, a znode whose digest ACL
-admits only that user. The plain port stays open for the readiness probe
-(``srvr``) and the launcher's own setup only.
+admits only that user (``/elsewhere`` admits only another user). The plain
+port stays open for the readiness probe (``srvr``) and the launcher's setup only.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def _tls_config(directory: Path, secure_port: int) -> str:
 
 
 def _protect_chroot(port: int, password: str) -> None:
-    """Create the secure variant's chroot with a digest ACL for ``SECURE_USER`` (over the plain port)."""
+    """The secure variant's ACLs (set over the plain port): the chroot admits only ``SECURE_USER``,
+    ``/elsewhere`` only another user."""
     from kazoo.client import KazooClient  # noqa: PLC0415 - secure only
     from kazoo.security import make_digest_acl  # noqa: PLC0415
 
@@ -68,6 +69,8 @@ def _protect_chroot(port: int, password: str) -> None:
     client.start(timeout=10)
     try:
         client.create(SECURE_CHROOT, b"", acl=[make_digest_acl(SECURE_USER, password, all=True)])
+        other = make_digest_acl("someone-else", secrets.token_urlsafe(16), all=True)
+        client.create("/elsewhere", b"", acl=[other])
     finally:
         client.stop()
         client.close()

@@ -24,11 +24,14 @@ CERTIFICATE_REFUSED = "CERTIFICATE"
 TLS_REFUSED = "etcd: the TLS handshake failed, a certificate was refused"
 
 
+#: grpc's words when the server's certificate is not for the host name dialled.
+HOST_NAME_REFUSED = "Hostname Verification Check failed"
+
+
 def certificate_refused(code: Any, details: str) -> bool:
     """A TLS handshake failed over a certificate: retrying cannot help."""
-    return (
-        code is Code.UNAVAILABLE and "handshake failed" in details.lower() and CERTIFICATE_REFUSED in details
-    )
+    handshake = "handshake failed" in details.lower() and CERTIFICATE_REFUSED in details
+    return code is Code.UNAVAILABLE and (handshake or HOST_NAME_REFUSED in details)
 
 
 #: etcd's INVALID_ARGUMENT details for a missing token and for wrong credentials.
@@ -55,6 +58,8 @@ def translate(exc: Any, what: str) -> ConsensusError:
         return OperationTimeoutError(f"etcd did not complete {what} in time; its effect is unknown")
     if certificate_refused(code, details):
         reason = details.rpartition("OPENSSL_internal:")[2].removesuffix(": OK")
+        if HOST_NAME_REFUSED in details:
+            reason = "the server's certificate is for another host name"
         return ConfigurationError(f"{TLS_REFUSED}: {reason}")
     if code is Code.UNAVAILABLE:
         return OperationTimeoutError(f"lost the connection to etcd during {what}; its effect is unknown")

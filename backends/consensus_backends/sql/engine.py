@@ -328,6 +328,7 @@ _PERMANENT_FAILURES = (
     ("no password supplied", "authentication failed: the server demands a password"),
     ("no pg_hba.conf entry", "authentication failed: the server admits no such connection (pg_hba.conf)"),
     ("does not exist", "the database or role does not exist"),
+    ("permission denied", "the user may not use this database"),
     ("certificate verify failed", "TLS: the server's certificate was refused"),
     ("server certificate for", "TLS: the server's certificate is for another host name"),
     ("does not match host name", "TLS: the server's certificate is for another host name"),

@@ -88,6 +88,8 @@ class VerifyingHandler(SequentialThreadingHandler):  # type: ignore[misc]
         """A plain TCP connection, then the TLS handshake with our context (``use_ssl`` is ours to do)."""
         use_ssl = kwargs.pop("use_ssl", False)
         hostname = kwargs.pop("hostname", None)
+        if not isinstance(hostname, str):  # kazoo's command() passes the peer's port: use its address
+            hostname = (args[0] if args else kwargs["address"])[0]
         for name in ("ca", "certfile", "keyfile", "keyfile_password", "verify_certs", "check_hostname"):
             kwargs.pop(name, None)
         sock = create_tcp_connection(socket, *args, **kwargs)
