@@ -35,4 +35,5 @@ SECTIONS = (
     "errors",
     "faults",
     "coordinator",
+    "security",
 )
