@@ -95,9 +95,16 @@ def start_store(
     return start_server(name, workdir, secure=secure)
 
 
-def probe_for(name: str, port: int) -> Callable[[], bool]:
-    """The readiness probe of the server ``name`` listening on ``port``; ValueError for unknown names."""
+#: In a server's directory: the plain port its readiness probe uses when clients get a TLS port (secure).
+PROBE_PORT_FILE = "probe-port"
+
+
+def probe_for(name: str, port: int, directory: Path | None = None) -> Callable[[], bool]:
+    """The readiness probe of the server ``name`` listening on ``port`` (or on the port its directory's
+    ``PROBE_PORT_FILE`` names); ValueError for unknown names."""
     probe: Callable[[int], bool] = _launcher(name).probe
+    if directory is not None and (directory / PROBE_PORT_FILE).is_file():
+        port = int((directory / PROBE_PORT_FILE).read_text())
     return lambda: probe(port)
 
 

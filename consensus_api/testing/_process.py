@@ -269,7 +269,7 @@ class ServerHandle:
             port,
             Path(data["directory"]),
             command=[str(part) for part in data["command"]],
-            probe=probe_for(name, port),
+            probe=probe_for(name, port, Path(data["directory"])),
             stop_signal=int(data["stop_signal"]),
             stop_timeout=float(data["stop_timeout"]),
             popen_kwargs=dict(data["popen_kwargs"]),

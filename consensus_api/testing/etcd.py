@@ -148,6 +148,7 @@ def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
 
     certs = write_certificates(directory / "certs")
     plain = free_port()
+    (directory / "probe-port").write_text(str(plain))  # testing.PROBE_PORT_FILE
     command = member_command(
         directory / "data", f"https://{HOST}:{client},http://{HOST}:{plain}", f"http://{HOST}:{peer}"
     )

@@ -89,6 +89,7 @@ def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
         classpath = ":".join([classpath, *(str(JAVA_DIR / f"{jar}.jar") for jar in NETTY_JARS)])
         password = secrets.token_urlsafe(16)
         certs = directory / "certs"
+        (directory / "probe-port").write_text(str(port))  # testing.PROBE_PORT_FILE
         query = urlencode(
             {"tls_ca": certs / "ca.pem", "tls_cert": certs / "client.pem", "tls_key": certs / "client.key"}
         )
