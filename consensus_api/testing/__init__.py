@@ -40,7 +40,7 @@ __all__ = [
 #: The servers a launcher starts as a process.
 SERVER_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
 #: The servers with a secure variant (``start_server(name, secure=True)``).
-SECURE_NAMES = ("postgresql", "zookeeper", "etcd")
+SECURE_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
 #: What ``start_store`` starts: a database file (no process) or one of the servers.
 STORE_NAMES = ("sqlite", *SERVER_NAMES)
 #: The extra that brings the launchers' dependencies.

@@ -311,8 +311,13 @@ class EtcdBackend(Backend):
         return profile.ETCD
 
     def fault_identity(self) -> dict[str, object]:
-        """The session's lease: ``{"lease": id}`` (None while it is being replaced; tests only)."""
-        return {"lease": self._keeper.held()}
+        """The session's lease: ``{"lease": id}`` (None while it is being replaced), and with TLS the
+        file options ``tls_ca``, ``tls_cert``, ``tls_key`` (paths) to reach it (tests only)."""
+        identity: dict[str, object] = {"lease": self._keeper.held()}
+        security = self.settings.security
+        if security.tls:
+            identity["tls"] = {name: getattr(security, name) for name in ("tls_ca", "tls_cert", "tls_key")}
+        return identity
 
     # Helpers
 
