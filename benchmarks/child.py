@@ -23,6 +23,7 @@ Every wait is bounded; a failure prints ``ERROR <text>`` and exits 1.
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import sys
 import threading
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lifetime", type=float, default=900.0)
     options = parser.parse_args(argv)
     deadline = time.monotonic() + options.lifetime
-    args = options.args
+    args = [os.environ[arg[4:]] if arg.startswith("env:") else arg for arg in options.args]
     try:
         if options.mode == "joiner":
             joiner(args[0], args[1], args[2], args[3] if len(args) > 3 else "member", deadline)

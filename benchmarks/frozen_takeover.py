@@ -36,8 +36,8 @@ RUN_TIMEOUT = 120.0
 
 def one_run(url: str, timings: Path) -> tuple[bool, str]:
     """Run the test once; (passed, the tail of its output)."""
-    command = [str(Path(sys.executable).with_name("consensus")), "conformance", url, "-k", TEST]
-    env = {**os.environ, "CONSENSUS_TIMINGS": str(timings)}
+    command = [str(Path(sys.executable).with_name("consensus")), "conformance", "-k", TEST]
+    env = {**os.environ, "CONSENSUS_TIMINGS": str(timings), "CONSENSUS_URL": url}  # not in argv: ps shows it
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
     return done.returncode == 0, (done.stdout + done.stderr)[-3000:]
 

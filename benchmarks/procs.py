@@ -17,6 +17,10 @@ from benchmarks.core import EVENT_TIMEOUT
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: Environment variables holding the URL arguments of a child (``env:NAME`` on its command line).
+URL_ARG_PREFIX = "BENCHMARK_CHILD_ARG_"
+
+
 class ChildError(RuntimeError):
     """A child process failed, answered unexpectedly or not in time."""
 
@@ -30,8 +34,14 @@ class Child:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         self.args = args
+        # URLs (perhaps with a password) go through the environment: ps shows every command line.
+        argv = list(args)
+        for index, arg in enumerate(args):
+            if "://" in arg:
+                env[f"{URL_ARG_PREFIX}{index}"] = arg
+                argv[index] = f"env:{URL_ARG_PREFIX}{index}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.child", *args, "--lifetime", str(lifetime)],
+            [sys.executable, "-m", "benchmarks.child", *argv, "--lifetime", str(lifetime)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

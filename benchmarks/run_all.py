@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import report
+from consensus_api.config import redact_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -34,12 +35,14 @@ def _bench(name: str, url: str, options: list[str]) -> int:
     command = [str(consensus)] if consensus.exists() else [sys.executable, "-m", "consensus_api.cli"]
     output = RESULTS / f"{name}.json"
     partial = output.with_suffix(".partial.json")
-    print(f"== {name}: {url}", flush=True)
+    print(f"== {name}: {redact_text(url)}", flush=True)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "CONSENSUS_URL": url,  # expanded by the CLI: a password on the command line shows in ps
     }
-    status = subprocess.call([*command, "bench", url, "--output", str(partial), *options], env=env)
+    argv = [*command, "bench", "$CONSENSUS_URL", "--output", str(partial), *options]
+    status = subprocess.call(argv, env=env)
     if partial.exists():
         _merge(partial, output, "--only" in options)
     return status

@@ -9,8 +9,10 @@ sources win. Every value is checked here, before any I/O.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +21,8 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote
 
 from consensus_api.errors import ConfigurationError
+
+log = logging.getLogger("consensus_api")
 
 DEFAULT_URL = "sqlite:///consensus.db"
 ENV_URL = "CONSENSUS_URL"
@@ -77,6 +81,14 @@ class BackendURL:
         return f"{self.scheme}://{auth}{hosts}{self.path}"
 
 
+_USERINFO_PASSWORD_RE = re.compile(r"(://[^/@:?#]*:)[^/@?#]*@")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` in it replaced by ``***``."""
+    return _USERINFO_PASSWORD_RE.sub(r"\1***@", text)
+
+
 def parse_url(url: str) -> tuple[BackendURL, dict[str, str]]:
     """Split ``url`` into a ``BackendURL`` and its query parameters."""
     if not isinstance(url, str):
@@ -119,7 +131,9 @@ def _parse_endpoint(text: str, scheme: str) -> Endpoint:
     if not port_text:
         return Endpoint(host, None)
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ConfigurationError(f"malformed port {port_text!r} in the {scheme}:// URL")
+        # Only digits are echoed: 'user:password' without its '@' puts the password here.
+        shown = repr(port_text) if port_text.isdigit() else "(not a number: is an '@' missing?)"
+        raise ConfigurationError(f"malformed port {shown} in the {scheme}:// URL (expected 1-65535)")
     return Endpoint(host, int(port_text))
 
 
@@ -153,12 +167,110 @@ def string(value: Any) -> str:
     return value
 
 
+class Secret(str):
+    """A credential: a ``str`` whose ``repr`` never shows its value."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'***'"
+
+
+def secret(value: Any) -> Secret:
+    """Parse a non-empty secret string."""
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a non-empty string")
+    return Secret(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Alias:
+    """A backend's own name for a common option, listed in ``Backend.options`` in place of a parser."""
+
+    name: str
+
+    def __call__(self, value: Any) -> object:
+        raise TypeError(f"alias of {self.name!r}: build_options renames it before parsing")
+
+
 COMMON_OPTIONS: Mapping[str, OptionParser] = {
     "session_timeout": positive_float,
     "connect_timeout": positive_float,
     "request_timeout": positive_float,
     "auto_rejoin": boolean,
 }
+
+#: TLS and authentication, the same on every backend whose options list ``tls`` (docs/spec.md section 2).
+SECURITY_OPTIONS: Mapping[str, OptionParser] = {
+    "tls": boolean,
+    "tls_ca": string,
+    "tls_cert": string,
+    "tls_key": string,
+    "tls_key_password": secret,
+    "username": string,
+    "password": secret,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Security:
+    """Checked TLS and credential settings; the passwords never appear in a repr.
+
+    With ``tls``, the server is verified (chain and host name) against
+    ``tls_ca`` alone when given, else against the system's trust store.
+    """
+
+    tls: bool = False
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_key_password: Secret | None = field(default=None, repr=False)
+    username: str | None = None
+    password: Secret | None = field(default=None, repr=False)
+
+    @property
+    def has_credentials(self) -> bool:
+        """A user name or a password is configured."""
+        return self.username is not None or self.password is not None
+
+    @property
+    def sends_password_in_clear(self) -> bool:
+        """A password is configured without TLS."""
+        return self.password is not None and not self.tls
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client context: TLS 1.2+, chain and host name checked, the client certificate loaded."""
+        context = ssl.create_default_context(cafile=self.tls_ca)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self.tls_cert is not None:
+            context.load_cert_chain(self.tls_cert, self.tls_key, password=self.tls_key_password)
+        return context
+
+
+def _security(given: Mapping[str, Any], url: BackendURL | None, backend_name: str) -> Security:
+    """Check the security options together; ``url`` contributes its user name and password."""
+    values = dict(given)
+    from_url = {"username": (url and url.username) or None, "password": url and url.password}
+    for name, value in from_url.items():
+        if value is None:
+            continue
+        if name in values and values[name] != value:
+            raise ConfigurationError(f"the {name} is given both in the URL and as an option, differently")
+        values[name] = value if name == "username" else Secret(value)
+    files = [name for name in ("tls_ca", "tls_cert", "tls_key") if name in values]
+    for name in files:
+        if not Path(values[name]).is_file():
+            raise ConfigurationError(f"option {name!r}: no such file: {values[name]}")
+    if ("tls_cert" in values) != ("tls_key" in values):
+        raise ConfigurationError("options 'tls_cert' and 'tls_key' must be given together")
+    if "tls_key_password" in values and "tls_key" not in values:
+        raise ConfigurationError("option 'tls_key_password' needs 'tls_key'")
+    if files and not values.setdefault("tls", True):
+        raise ConfigurationError(f"options {', '.join(files)} need tls=true")
+    security = Security(**values)
+    if security.sends_password_in_clear:
+        log.warning("%s: credentials are sent without TLS (set tls=true to encrypt them)", backend_name)
+    return security
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +281,7 @@ class Options:
     connect_timeout: float = 10.0
     request_timeout: float = 10.0
     auto_rejoin: bool = True
+    security: Security = field(default_factory=Security)
     extra: Mapping[str, object] = field(default_factory=dict, repr=False)
 
 
@@ -176,23 +289,35 @@ def build_options(
     raw: Mapping[str, Any],
     backend_options: Mapping[str, OptionParser],
     backend_name: str,
+    url: BackendURL | None = None,
 ) -> Options:
-    """Check every option against the common and the backend's own parsers."""
-    common: dict[str, Any] = {}
-    extra: dict[str, object] = {}
-    for name, value in raw.items():
-        parser = COMMON_OPTIONS.get(name) or backend_options.get(name)
+    """Check every option against the common, security and backend's own parsers, before any I/O.
+
+    The security options apply to backends that list ``tls`` in their options
+    (or an ``Alias`` of it); ``url`` supplies the user name and password.
+    """
+    secured = "tls" in backend_options or Alias("tls") in backend_options.values()
+    known = {**COMMON_OPTIONS, **(SECURITY_OPTIONS if secured else {})}
+    sections: dict[str, dict[str, Any]] = {"common": {}, "security": {}, "extra": {}}
+    for given_name, value in raw.items():
+        target = backend_options.get(given_name)
+        name = target.name if isinstance(target, Alias) else given_name
+        if name != given_name and name in raw:
+            raise ConfigurationError(f"options {given_name!r} and {name!r} name the same setting")
+        parser = known.get(name) or (None if isinstance(target, Alias) else target)
         if parser is None:
-            known = ", ".join(sorted({*COMMON_OPTIONS, *backend_options}))
+            names = ", ".join(sorted({*known, *backend_options}))
             raise ConfigurationError(
-                f"unknown option {name!r} for the {backend_name} backend; known options: {known}"
+                f"unknown option {given_name!r} for the {backend_name} backend; known options: {names}"
             )
         try:
             parsed = parser(value)
         except ValueError as exc:
-            raise ConfigurationError(f"option {name!r}: {exc}") from None
-        (common if name in COMMON_OPTIONS else extra)[name] = parsed
-    return Options(**common, extra=extra)
+            raise ConfigurationError(f"option {given_name!r}: {exc}") from None
+        section = "common" if name in COMMON_OPTIONS else "security" if name in known else "extra"
+        sections[section][name] = parsed
+    security = _security(sections["security"], url, backend_name) if secured else Security()
+    return Options(**sections["common"], security=security, extra=sections["extra"])
 
 
 def resolve(url: str | None) -> tuple[str, dict[str, Any]]:

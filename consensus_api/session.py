@@ -54,7 +54,7 @@ def connect(url: str | None = None, **options: Any) -> Session:
     parsed, query = config.parse_url(raw_url)
     backend_class = registry.load_backend(parsed.scheme)
     merged = {**file_options, **query, **options}
-    settings = config.build_options(merged, backend_class.options, parsed.scheme)
+    settings = config.build_options(merged, backend_class.options, parsed.scheme, parsed)
     return Session(backend_class, parsed, settings)
 
 

@@ -3,7 +3,9 @@
 #   1. lint and types;
 #   2. the conformance suite (every section, faults included) on SQLite,
 #      PostgreSQL, MariaDB, ZooKeeper, etcd and Kafka: one process per backend, each
-#      with its own real server, in parallel;
+#      with its own real server, in parallel; then the `security` section and
+#      the storage, session and errors sections on the secured servers
+#      (entries NAME:secure, `consensus servers run NAME --secure`);
 #   3. the project's own tests;
 #   4. chaos runs with faults on every backend, whose histories one Spark job
 #      then checks for linearizability and election, membership and listener
@@ -16,7 +18,10 @@ bash scripts/install.sh || exit 2
 bash scripts/venv.sh || exit 2
 export PATH="$ROOT/.venv/bin:$PATH"
 out=$(mktemp -d "${TMPDIR:-/tmp}/consensus-test.XXXXXX")
-backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka}
+backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka postgresql:secure zookeeper:secure etcd:secure}
+# On secured servers: the security section plus the contract's core over TLS with auth (the whole suite
+# passes there too; `consensus servers run NAME --secure -- consensus conformance '$CONSENSUS_URL'`).
+secure_select=${CONSENSUS_SECURE_SELECT:-test_security or test_storage or test_session or test_errors}
 chaos_seconds=${CONSENSUS_CHAOS_SECONDS:-30}
 status=0
 started=$SECONDS
@@ -28,10 +33,17 @@ ruff format --check . || status=1
 mypy || status=1
 
 phase "conformance on: $backends (parallel)"
-for b in $backends; do
-    # the faults section's measured timings go to $out/<backend>-timings.json (docs/guarantees.md)
-    CONSENSUS_TIMINGS="$out/$b-timings.json" consensus servers run "$b" -- consensus conformance '$CONSENSUS_URL' --json \
-        >"$out/$b.json" 2>"$out/$b.log" &
+for entry in $backends; do
+    b=${entry%%:*}
+    run=(consensus servers run "$b" --)
+    select="not test_security"   # the security section needs a secured server
+    if [ "$entry" != "$b" ]; then
+        run=(consensus servers run "$b" --secure --)
+        select=$secure_select
+    fi
+    # the faults section's measured timings go to $out/<entry>-timings.json (docs/guarantees.md)
+    CONSENSUS_TIMINGS="$out/$entry-timings.json" "${run[@]}" consensus conformance '$CONSENSUS_URL' --json \
+        -k "$select" >"$out/$entry.json" 2>"$out/$entry.log" &
 done
 wait
 
@@ -40,6 +52,7 @@ pytest -q -p no:cacheprovider --junitxml="$out/own.xml" tests >"$out/own.log" 2>
 
 phase "tooz's own suite, unmodified, through our tooz driver on: $backends"
 for b in $backends; do
+    [ "${b%%:*}" = "$b" ] || continue   # on the plain servers
     consensus servers run "$b" -- bash -c "TOOZ_TEST_URL='consensus+'\"\$CONSENSUS_URL\" \
         pytest -q -p no:cacheprovider --junitxml='$out/tooz-$b.xml' --pyargs tooz.tests.test_coordination" \
         >"$out/tooz-$b.log" 2>&1
@@ -47,6 +60,7 @@ done
 
 phase "${chaos_seconds} s chaos runs on: $backends, then one Spark check of every history"
 for b in $backends; do
+    [ "${b%%:*}" = "$b" ] || continue   # chaos runs on the plain servers
     faults=kill,pause,restart,expire
     [ "$b" = sqlite ] && faults=kill,pause,expire   # no server process to restart
     consensus chaos --server "$b" --duration "$chaos_seconds" --clients 5 --keys 2 \
@@ -84,7 +98,7 @@ for b in backends:
     except (OSError, ValueError):
         r = {"passed": 0, "failed": 1, "skipped": 0, "not_applicable": [], "sections": {}}
     # "not applicable" only for what the backend's test profile declares; anything else fails CI
-    declared = set(profile_for(BackendURL(b, (), "/")).not_applicable.values())
+    declared = set(profile_for(BackendURL(b.partition(":")[0], (), "/")).not_applicable.values())
     undeclared = [n for n in r["not_applicable"] if n["reason"] not in declared]
     for n in undeclared:
         console.print(f"{b}: {n['test']} not applicable, undeclared: {n['reason']}", markup=False)
@@ -119,7 +133,7 @@ if own_bad:
 tooz = Table(title="tooz's own suite through consensus+<url>")
 for column in ("backend", "passed", "failed", "skipped by tooz"):
     tooz.add_column(column)
-for b in backends:
+for b in (b for b in backends if ":" not in b):
     tests, bad, skipped = junit(f"tooz-{b}.xml")
     passed += tests - bad - skipped
     failed += bad + (0 if tests else 1)

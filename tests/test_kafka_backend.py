@@ -12,22 +12,27 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+import ssl
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import consensus_api as ca
+from consensus_api.config import Secret, build_options, parse_url
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.testing import ServerHandle, start_server
+from consensus_api.testing.certificates import write_certificates
+from consensus_backends.kafka import KafkaBackend
+from consensus_backends.kafka import settings as kafka_settings
 from consensus_backends.kafka.protocol import Metadata, assign, decode_assignment, encode_metadata
 from consensus_backends.kafka.records import Command, Op, decode, encode
-from consensus_backends.kafka.settings import Secret
 from consensus_backends.kafka.state import Result, StateMachine
 
 LOST, SUSPENDED, CONNECTED = ca.SessionState.LOST, ca.SessionState.SUSPENDED, ca.SessionState.CONNECTED
@@ -380,9 +385,42 @@ def test_credentials_never_appear_in_errors_reprs_or_logs(server: ServerHandle, 
         ("kafka:///prefix", {}),
         ("kafka://127.0.0.1:9092/bad prefix!", {}),
         ("kafka://127.0.0.1:9092/p", {"security_protocol": "SASL_SSL"}),
+        ("kafka://127.0.0.1:9092/p", {"ssl_cafile": __file__, "tls_ca": __file__}),
+        ("kafka://:pw@127.0.0.1:9092/p", {}),
         ("kafka://127.0.0.1:9092/p", {"sasl_mechanism": "GSSAPI"}),
     ],
 )
 def test_bad_urls_and_options_raise_configuration_error(url: str, options: dict[str, Any]) -> None:
     with pytest.raises(ca.ConfigurationError):
         ca.connect(url, **options)
+
+
+def _security_of(url: str, **options: Any) -> dict[str, Any]:
+    parsed, query = parse_url(url)
+    built = build_options({**query, **options}, KafkaBackend.options, "kafka", parsed)
+    return dict(kafka_settings.build(parsed, built).security)
+
+
+def test_security_options_map_to_kafka_python(caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    """Credentials alone: SASL_PLAINTEXT with SCRAM-SHA-512 and a warning (never PLAIN silently); with TLS:
+    SASL_SSL, our verifying context; kafka-python's names are aliases of the common ones."""
+    caplog.set_level(logging.WARNING)
+    plain = _security_of("kafka://alice:pw@127.0.0.1:9092/p")
+    assert (plain["security_protocol"], plain["sasl_mechanism"]) == ("SASL_PLAINTEXT", "SCRAM-SHA-512")
+    assert [r.getMessage() for r in caplog.records] == [
+        "kafka: credentials are sent without TLS (set tls=true to encrypt them)"
+    ]
+    secured = _security_of("kafka://alice:pw@127.0.0.1:9092/p", tls=True)
+    assert secured["security_protocol"] == "SASL_SSL"
+    assert secured["ssl_context"].check_hostname and secured["ssl_context"].verify_mode == ssl.CERT_REQUIRED
+    ca_file = write_certificates(tmp_path) / "ca.pem"
+    aliased = _security_of(
+        "kafka://127.0.0.1:9092/p",
+        ssl_cafile=str(ca_file),
+        sasl_username="bob",
+        sasl_password="pw",
+        sasl_mechanism="PLAIN",
+    )
+    assert (aliased["security_protocol"], aliased["sasl_mechanism"]) == ("SASL_SSL", "PLAIN")
+    assert aliased["sasl_plain_username"] == "bob" and repr(aliased["sasl_plain_password"]) == "'***'"
+    assert _security_of("kafka://127.0.0.1:9092/p") == {"security_protocol": "PLAINTEXT"}

@@ -16,7 +16,7 @@ import sqlalchemy
 
 import consensus_api as ca
 from consensus_api import MembershipChanged, OperationTimeoutError, ValueChanged, registry
-from consensus_api.config import Options, parse_url
+from consensus_api.config import Options, Security, parse_url
 from consensus_api.conformance.helpers import EventLog
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.testing import ServerHandle, start_server
@@ -76,9 +76,10 @@ def test_killed_session_leaves_as_its_lease_expires(tmp_path: Path) -> None:
 def test_postgresql_ends_a_transaction_whose_client_stalls(postgresql_target: str) -> None:
     """A transaction left idle past ``stall_limit`` is ended by the server (its locks go with it), with
     an error the backend retries; no lock is waited for longer than twice that."""
-    settings = Options(session_timeout=3.0, request_timeout=6.0)
+    url = parse_url(postgresql_target)[0]
+    settings = Options(session_timeout=3.0, request_timeout=6.0, security=Security(username=url.username))
     assert stall_limit(settings) == 1.0
-    engine = create(parse_url(postgresql_target)[0], settings)
+    engine = create(url, settings)
     try:
         with engine.connect() as conn:
             assert conn.exec_driver_sql("SHOW lock_timeout").scalar() == "2s"

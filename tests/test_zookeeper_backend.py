@@ -5,18 +5,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import shutil
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 import pytest
 from kazoo.client import KazooClient
-from tls_support import write_certificates
 
 import consensus_api as ca
 from consensus_api import (
@@ -32,7 +30,8 @@ from consensus_api import (
 )
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing._process import HOST, free_port, launch, tcp_request
+from consensus_api.testing._process import HOST, free_port, tcp_request
+from consensus_api.testing.certificates import Impostor
 from consensus_backends.zookeeper import ZooKeeperBackend
 from consensus_backends.zookeeper.paths import decode_name, encode_name
 from consensus_backends.zookeeper.profile import expire_zookeeper_session
@@ -419,6 +418,7 @@ def test_unreachable_server_leaves_no_threads() -> None:
         ("/a/../b", {}, "not a valid ZooKeeper path"),
         ("/x", {"tls_cert": "/nonexistent.pem"}, "no such file"),
         ("/x", {"tls": False, "tls_ca": __file__}, "need tls=true"),
+        ("/x", {"tls_key_password": "x"}, "needs 'tls_key'"),
         ("/x", {"tls_cert": __file__}, "given together"),
     ],
 )
@@ -450,58 +450,52 @@ def test_digest_auth_restricts_the_chroot(
     assert any("alice:***" in message for message in messages), "kazoo's auth request was not logged"
 
 
-@pytest.fixture
-def tls_server() -> Iterator[tuple[ServerHandle, int, Path]]:
-    """A ZooKeeper server with a plain port (for the probe) and a TLS port that demands client certs."""
-    directory = Path(tempfile.mkdtemp(prefix="zookeeper-tls-"))
-    write_certificates(directory)
-    (directory / "keystore.pem").write_text(
-        (directory / "server.key").read_text() + (directory / "server.pem").read_text()
-    )
-    port, secure = free_port(), free_port()
-    (directory / "zoo.cfg").write_text(
-        f"tickTime=500\ndataDir={directory / 'data'}\nclientPort={port}\nclientPortAddress={HOST}\n"
-        f"secureClientPort={secure}\nserverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
-        f"ssl.keyStore.location={directory / 'keystore.pem'}\nssl.keyStore.type=PEM\n"
-        f"ssl.trustStore.location={directory / 'ca.pem'}\nssl.trustStore.type=PEM\nssl.clientAuth=need\n"
-        "admin.enableServer=false\n4lw.commands.whitelist=srvr\n"
-    )
-    jars = ["zookeeper", "netty-codec", "netty-resolver", "netty-transport-native-unix-common"]
-    classpath = ":".join(str(JAVA / f"{jar}.jar") for jar in jars)
-    java = shutil.which("java")
-    assert java is not None
-    command = [
-        java,
-        "-Xmx256m",
-        "-XX:+UseSerialGC",
-        "-cp",
-        classpath,
-        "org.apache.zookeeper.server.ZooKeeperServerMain",
-        str(directory / "zoo.cfg"),
-    ]
-    handle = ServerHandle(
-        "zookeeper-tls",
-        f"zookeeper://{HOST}:{secure}",
-        secure,
-        directory,
-        command=command,
-        probe=lambda: b"Zookeeper version:" in tcp_request(port, b"srvr"),
-    )
-    with launch(handle, 30):
-        yield handle, secure, directory
+@pytest.fixture(scope="module")
+def secure_server() -> Iterator[ServerHandle]:
+    """A ZooKeeper serving TLS only (client certificates required), digest auth, an ACLed chroot."""
+    with start_server("zookeeper", secure=True) as handle:
+        yield handle
 
 
-def test_tls_with_client_certificate(tls_server: tuple[ServerHandle, int, Path], chroot: str) -> None:
-    """tls_ca/tls_cert/tls_key connect over TLS; without a client certificate the server refuses."""
-    _, port, certs = tls_server
-    url = f"zookeeper://{HOST}:{port}{chroot}"
-    files = {
-        "tls_ca": str(certs / "ca.pem"),
-        "tls_cert": str(certs / "client.pem"),
-        "tls_key": str(certs / "client.key"),
-    }
-    with ca.connect(url, **files) as session:
+def _secure(handle: ServerHandle, **changes: str) -> tuple[str, dict[str, str]]:
+    """The secure server's URL without its query, and its options with ``changes``."""
+    base, _, query = handle.url.partition("?")
+    return base, {**dict(parse_qsl(query)), **changes}
+
+
+def test_tls_with_auth_and_client_certificate(secure_server: ServerHandle) -> None:
+    """TLS with a client certificate and digest auth; without the certificate the server refuses."""
+    url, options = _secure(secure_server)
+    with ca.connect(url, **options) as session:
         version = session.storage.put("k", b"over tls")
         assert session.storage.fetch("k") == Versioned(b"over tls", version)
-    with pytest.raises(ca.BackendUnavailableError):
-        ca.connect(url, tls=True, tls_ca=files["tls_ca"], connect_timeout=2)
+    with pytest.raises(ca.ConsensusError):
+        ca.connect(url, tls=True, tls_ca=options["tls_ca"], connect_timeout=2)
+
+
+@pytest.mark.parametrize(
+    ("presented", "cause"),
+    [("other-host", "mismatch"), ("expired", "expired"), ("impostor", "unable to get local issuer")],
+)
+def test_tls_refuses_a_bad_server_certificate_before_sending_anything(
+    secure_server: ServerHandle, presented: str, cause: str
+) -> None:
+    """A certificate for another host name, an expired one, or one from another CA (kazoo would accept
+    the first, and any publicly trusted one) ends connect at once; the endpoint receives no byte."""
+    url, options = _secure(secure_server)
+    certificates = Path(options["tls_ca"]).parent
+    with Impostor(certificates, presented) as impostor:
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError, match=f"TLS certificate was refused: .*{cause}") as refused:
+            ca.connect(url.replace(f":{secure_server.port}/", f":{impostor.port}/"), **options)
+        assert time.monotonic() - started < 2.0
+    assert impostor.received == 0 and impostor.handshakes == 0
+    assert url.split(":")[2].split("@")[0] not in str(refused.value)
+
+
+def test_tls_ca_alone_is_trusted(secure_server: ServerHandle) -> None:
+    """With tls_ca naming another CA, the real server is refused (no system CA is added)."""
+    url, options = _secure(secure_server)
+    other_ca = str(Path(options["tls_ca"]).parent / "other-ca.pem")
+    with pytest.raises(ConfigurationError, match="unable to get local issuer"):
+        ca.connect(url, **{**options, "tls_ca": other_ca}, connect_timeout=5)

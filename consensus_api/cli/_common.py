@@ -113,7 +113,7 @@ def expand_env(text: str, env: Mapping[str, str] | None = None, *, only: set[str
         if only is not None and name not in only:
             return match[0]
         if name not in values:
-            raise ConfigurationError(f"${name} is not set (it is used in {text!r})")
+            raise ConfigurationError(f"${name} is not set (it is used in {config.redact_text(text)!r})")
         return values[name]
 
     return _VAR_RE.sub(replace, text)
@@ -125,7 +125,7 @@ def expand_url(url: str | None) -> str | None:
         return None
     expanded = expand_env(url)
     if not expanded.strip():
-        raise ConfigurationError(f"the URL {url!r} is empty")
+        raise ConfigurationError(f"the URL {config.redact_text(url)!r} is empty")
     return expanded
 
 

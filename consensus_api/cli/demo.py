@@ -1,6 +1,6 @@
 """``consensus demo``: workers elect a leader, the leader is killed, another takes over with a higher term.
 
-The workers are ``python -m consensus_api.cli.demo_worker URL NAME`` processes
+The workers are ``python -m consensus_api.cli.demo_worker NAME`` processes (URL in ``$CONSENSUS_URL``)
 (session_timeout=2); this process follows them only through the listeners of
 its own observer session. Without a terminal it prints plain lines instead of
 a live table, so it runs in CI.
@@ -35,6 +35,7 @@ from consensus_api.cli._common import (
 )
 from consensus_api.cli._demo_view import DemoState
 from consensus_api.cli.demo_worker import CONFIG_KEY, GROUP, SERVICE
+from consensus_api.config import ENV_URL
 from consensus_api.model import Event
 from consensus_api.observability import serve_prometheus
 from consensus_api.session import connect
@@ -214,7 +215,7 @@ def _workers(url: str, count: int) -> Iterator[dict[str, WorkerProcess]]:
     """Start ``count`` workers (in their own sessions, so Ctrl-C reaches only us); stop them all after."""
     log_dir = Path(tempfile.mkdtemp(prefix="consensus-demo-"))
     processes: dict[str, WorkerProcess] = {}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", ENV_URL: url}  # never on the command line: ps shows it
     try:
         for number in range(1, count + 1):
             name = f"w{number}"
@@ -222,7 +223,7 @@ def _workers(url: str, count: int) -> Iterator[dict[str, WorkerProcess]]:
             log = log_path.open("wb")
             try:
                 process = subprocess.Popen(
-                    [sys.executable, "-m", "consensus_api.cli.demo_worker", url, name],
+                    [sys.executable, "-m", "consensus_api.cli.demo_worker", name],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,

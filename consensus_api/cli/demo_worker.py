@@ -1,4 +1,4 @@
-"""One worker of ``consensus demo``: ``python -m consensus_api.cli.demo_worker URL NAME``.
+"""One worker of ``consensus demo``: ``CONSENSUS_URL=URL python -m consensus_api.cli.demo_worker NAME``.
 
 It joins the group ``demo/workers``, stands for election in ``demo/scheduler``
 and, while it leads, writes ``demo/config`` fenced by its leadership every
@@ -26,6 +26,7 @@ from consensus_api import (
     Storage,
     connect,
 )
+from consensus_api.config import ENV_URL
 
 GROUP = "demo/workers"
 SERVICE = "demo/scheduler"
@@ -128,15 +129,16 @@ def run(url: str, name: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``URL NAME``."""
+    """Entry point: ``NAME``; the URL comes in ``$CONSENSUS_URL`` (``ps`` shows command lines)."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m consensus_api.cli.demo_worker URL NAME", file=sys.stderr)
+    url = os.environ.get(ENV_URL)
+    if len(args) != 1 or not url:
+        print(f"usage: {ENV_URL}=URL python -m consensus_api.cli.demo_worker NAME", file=sys.stderr)
         return 2
     try:
-        return run(args[0], args[1])
+        return run(url, args[0])
     except ConsensusError as exc:
-        print(f"{args[1]}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print(f"{args[0]}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
 
 

@@ -20,7 +20,7 @@ from rich.text import Text
 from consensus_api import config
 from consensus_api.cli._common import err_console, expand_env
 from consensus_api.errors import ConfigurationError
-from consensus_api.testing import STORE_NAMES, require_launchers, start_store
+from consensus_api.testing import SECURE_NAMES, STORE_NAMES, require_launchers, start_store
 
 CONTROL_ENV = "CONSENSUS_CONTROL"
 _COMMAND_KEY = "consensus.servers.command"
@@ -52,20 +52,29 @@ def servers() -> None:
 
 @servers.command("run", cls=_SplitAtDashes)
 @click.argument("names", nargs=-1, required=True, type=click.Choice(STORE_NAMES))
+@click.option(
+    "--secure",
+    is_flag=True,
+    help=f"Start the TLS and password variants ({', '.join(SECURE_NAMES)}): certificates made at start, "
+    "the URL names the user, password and tls_ca.",
+)
 @click.pass_context
-def run(ctx: click.Context, names: tuple[str, ...]) -> None:
+def run(ctx: click.Context, names: tuple[str, ...], secure: bool) -> None:
     """Start the servers NAMES, run COMMAND, stop the servers, exit with COMMAND's status.
 
     \b
     Usage: consensus servers run NAME... -- COMMAND...
     Each server's URL is exported as CONSENSUS_<NAME>_URL, and as CONSENSUS_URL
-    when exactly one is named; '$CONSENSUS_URL' in COMMAND is expanded too.
+    when exactly one is named; '$CONSENSUS_URL' in COMMAND is expanded too,
+    unless the URL holds a password (the consensus commands expand it themselves).
     Each server's control file (JSON: PID, command, ports, data dir; read by
     consensus_api.testing.ServerHandle.attach, so COMMAND may kill, pause and
     restart the server) is exported as CONSENSUS_<NAME>_CONTROL, and as
     CONSENSUS_CONTROL when exactly one is named. At the end the servers are
     stopped, also one that COMMAND restarted.
     'sqlite' means a fresh temp database file, no server and no control file.
+    --secure starts each server's TLS and password variant (its URL, with the
+    password, reaches COMMAND only through the environment).
     Starting a server needs the 'testing' extra (a ConfigurationError, exit 2, names it).
     """
     command: list[str] = ctx.meta.get(_COMMAND_KEY, [])
@@ -73,9 +82,12 @@ def run(ctx: click.Context, names: tuple[str, ...]) -> None:
         raise click.UsageError("missing COMMAND: consensus servers run NAME... -- COMMAND...")
     if len(set(names)) != len(names):
         raise click.UsageError("each server may be named once")
+    if secure and set(names) - set(SECURE_NAMES):
+        insecure = ", ".join(sorted(set(names) - set(SECURE_NAMES)))
+        raise click.UsageError(f"no secure variant of {insecure}; secure servers: {', '.join(SECURE_NAMES)}")
     require_launchers(names)
     try:
-        with _sigterm_raises(), _started(names) as (urls, controls):
+        with _sigterm_raises(), _started(names, secure) as (urls, controls):
             exports = {f"CONSENSUS_{name.upper()}_URL": url for name, url in urls.items()}
             exports.update(
                 {f"CONSENSUS_{name.upper()}_CONTROL": str(path) for name, path in controls.items()}
@@ -86,7 +98,10 @@ def run(ctx: click.Context, names: tuple[str, ...]) -> None:
             env.pop(CONTROL_ENV, None)
             if len(urls) == 1 and controls:
                 env[CONTROL_ENV] = exports[CONTROL_ENV] = str(next(iter(controls.values())))
-            argv = [expand_env(arg, exports, only=set(exports)) for arg in command]
+            # A URL with a password stays a reference ('$CONSENSUS_URL'): the consensus CLI and shells
+            # expand it from the environment, and it stays off the command line, which ps shows.
+            clear = {name for name, value in exports.items() if config.redact_text(value) == value}
+            argv = [expand_env(arg, exports, only=clear) for arg in command]
             status = _run_command(argv, env)
     except _TerminatedError:
         status = 128 + signal.SIGTERM
@@ -94,7 +109,7 @@ def run(ctx: click.Context, names: tuple[str, ...]) -> None:
 
 
 @contextlib.contextmanager
-def _started(names: Sequence[str]) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
+def _started(names: Sequence[str], secure: bool) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
     """Start every server in turn (rich status on stderr); stop all of them on the way out.
 
     Yields the URLs and the control files (servers only) by name.
@@ -107,7 +122,7 @@ def _started(names: Sequence[str]) -> Iterator[tuple[dict[str, str], dict[str, P
         controls: dict[str, Path] = {}
         for name in names:
             with console.status(f"starting {name}…"):
-                server = _start(name)
+                server = _start(name, secure)
             started.append(server)
             urls[name] = server.url
             control = controls_dir / f"{name}.json"
@@ -123,9 +138,9 @@ def _started(names: Sequence[str]) -> Iterator[tuple[dict[str, str], dict[str, P
         shutil.rmtree(controls_dir, ignore_errors=True)
 
 
-def _start(name: str) -> _Server:
+def _start(name: str, secure: bool) -> _Server:
     try:
-        server: _Server = start_store(name)
+        server: _Server = start_store(name, secure=secure)
     except (RuntimeError, ValueError) as exc:
         raise ConfigurationError(f"could not start {name}: {exc}") from None
     return server

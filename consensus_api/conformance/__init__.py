@@ -36,4 +36,5 @@ SECTIONS = (
     "errors",
     "faults",
     "coordinator",
+    "security",
 )

@@ -41,6 +41,7 @@ MARKERS: Mapping[str, str] = {
     "database_file": "a database file other processes lock and write (SQLite)",
     "network_namespace": "clients in Linux network namespaces cut off from the server",
     "session_expiry": "ending a session from the server side (TestProfile.expire_session)",
+    "secured_server": "a server with TLS and passwords (`consensus servers run NAME --secure`)",
 }
 
 #: ``expire_session(url, identity, timeout)``: end the session ``identity`` names on the server at ``url``.

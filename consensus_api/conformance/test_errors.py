@@ -252,7 +252,7 @@ def test_errors_are_exported_and_derive_from_consensus_error() -> None:
     ("template", "bad_part"),
     [
         ("no scheme at all", "URL"),
-        ("{scheme}://127.0.0.1:notaport/ct", "notaport"),
+        ("{scheme}://127.0.0.1:notaport/ct", "port"),  # not echoed: it may be a password before a lost '@'
         ("{scheme}://127.0.0.1:99999/ct", "99999"),
         ("{scheme}://bad host!/ct", "bad host!"),
         ("{scheme}://127.0.0.1:2379/ct?session_timeout", "query"),

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from consensus_api.testing._process import ServerHandle
 
 __all__ = [
+    "SECURE_NAMES",
     "SERVER_NAMES",
     "STORE_NAMES",
     "DatabaseFile",
@@ -38,6 +39,8 @@ __all__ = [
 
 #: The servers a launcher starts as a process.
 SERVER_NAMES = ("postgresql", "mariadb", "zookeeper", "etcd", "kafka")
+#: The servers with a secure variant (``start_server(name, secure=True)``).
+SECURE_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
 #: What ``start_store`` starts: a database file (no process) or one of the servers.
 STORE_NAMES = ("sqlite", *SERVER_NAMES)
 #: The extra that brings the launchers' dependencies.
@@ -65,27 +68,43 @@ def require_launchers(names: Iterable[str]) -> None:
             _launcher(name)
 
 
-def start_server(name: str, workdir: Path | None = None) -> ServerHandle:
-    """Start the named server and wait until it is ready.
+def start_server(name: str, workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
+    """Start the named server and wait until it is ready; ``secure``: its TLS and password variant.
+
+    A secure server's URL names its user, password and TLS options (``tls_ca``
+    and, where the server demands one, a client certificate); the certificates
+    are made at start, in ``<server dir>/certs`` (``consensus_api.testing.certificates``).
 
     Raises ValueError for an unknown name, ``ConfigurationError`` when the
     ``testing`` extra is missing, and RuntimeError, with the tail of the
     server's log, when it cannot start; nothing is left running then.
     """
-    handle: ServerHandle = _launcher(name).start(workdir)
+    launcher = _launcher(name)
+    if secure and name not in SECURE_NAMES:
+        raise ValueError(f"no secure variant of {name!r}; secure servers: {', '.join(SECURE_NAMES)}")
+    handle: ServerHandle = launcher.start(workdir, secure=True) if secure else launcher.start(workdir)
     return handle
 
 
-def start_store(name: str, workdir: Path | None = None) -> ServerHandle | DatabaseFile:
+def start_store(
+    name: str, workdir: Path | None = None, *, secure: bool = False
+) -> ServerHandle | DatabaseFile:
     """``start_server(name)``, or for ``sqlite`` a fresh ``DatabaseFile``; ValueError for unknown names."""
-    if name == "sqlite":
+    if name == "sqlite" and not secure:
         return DatabaseFile(workdir)
-    return start_server(name, workdir)
+    return start_server(name, workdir, secure=secure)
 
 
-def probe_for(name: str, port: int) -> Callable[[], bool]:
-    """The readiness probe of the server ``name`` listening on ``port``; ValueError for unknown names."""
+#: In a server's directory: the plain port its readiness probe uses when clients get a TLS port (secure).
+PROBE_PORT_FILE = "probe-port"
+
+
+def probe_for(name: str, port: int, directory: Path | None = None) -> Callable[[], bool]:
+    """The readiness probe of the server ``name`` listening on ``port`` (or on the port its directory's
+    ``PROBE_PORT_FILE`` names); ValueError for unknown names."""
     probe: Callable[[int], bool] = _launcher(name).probe
+    if directory is not None and (directory / PROBE_PORT_FILE).is_file():
+        port = int((directory / PROBE_PORT_FILE).read_text())
     return lambda: probe(port)
 
 

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -33,6 +32,8 @@ from typing import Any, Self
 import psutil
 from mirakuru import SimpleExecutor
 from mirakuru.exceptions import ProcessFinishedWithError
+
+from consensus_api.config import redact_text
 
 HOST = "127.0.0.1"
 _issued_ports: set[int] = set()
@@ -204,8 +205,7 @@ class ServerHandle:
         self._stopped = False
 
     def __repr__(self) -> str:
-        url = re.sub(r"(//[^/@:]*):[^@/]*@", r"\1:***@", self.url)  # no password (MariaDB's URL has one)
-        return f"<ServerHandle {self.name} {url} pid={self._pid_or_none()}>"
+        return f"<ServerHandle {self.name} {redact_text(self.url)} pid={self._pid_or_none()}>"
 
     @property
     def pid(self) -> int:
@@ -269,7 +269,7 @@ class ServerHandle:
             port,
             Path(data["directory"]),
             command=[str(part) for part in data["command"]],
-            probe=probe_for(name, port),
+            probe=probe_for(name, port, Path(data["directory"])),
             stop_signal=int(data["stop_signal"]),
             stop_timeout=float(data["stop_timeout"]),
             popen_kwargs=dict(data["popen_kwargs"]),

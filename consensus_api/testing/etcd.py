@@ -2,16 +2,26 @@
 
 Fast heartbeat/election settings make the lone member leader in ~0.1 s.
 ``--unsafe-no-fsync`` is on: data survives a process kill, not a machine crash.
+The secure variant (``start(secure=True)``) serves clients over TLS with client
+certificates required (``--client-cert-auth``; certificates made at start, in
+``<dir>/certs``) and RBAC on: its URL names the user ``consensus``, whose role
+reads and writes the prefix ``/consensus/`` only. A plain listener on another
+port serves the readiness probe and the launcher's setup (through the JSON
+gateway, so no password is on a command line).
 """
 
 from __future__ import annotations
 
+import base64
 import importlib.util
+import json
+import secrets
 import shutil
 import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlencode
 
 from consensus_api.testing._process import HOST, ServerHandle, free_port, launch
 
@@ -31,8 +41,14 @@ def _binary() -> str:
     return on_path
 
 
+#: The secure variant's user, and the key prefix its role may read and write.
+SECURE_USER = "consensus"
+SECURE_PREFIX = "/consensus/"
+
+
 def probe(port: int) -> bool:
-    """A linearizable range request succeeds only when the member is leader and serving."""
+    """A linearizable range request succeeds (or, with auth on, is refused for want of a user) only
+    when the member is leader and serving."""
     request = urllib.request.Request(
         f"http://{HOST}:{port}/v3/kv/range",
         data=b'{"key":"Zm9v"}',
@@ -41,8 +57,51 @@ def probe(port: int) -> bool:
     try:
         with urllib.request.urlopen(request, timeout=1) as response:
             return b'"header"' in response.read()
+    except urllib.error.HTTPError as refused:
+        return b"user name is empty" in refused.read()
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _gateway(port: int, path: str, body: dict[str, object]) -> None:
+    """POST ``body`` to the JSON gateway's ``/v3/<path>``; RuntimeError with etcd's answer on failure."""
+    request = urllib.request.Request(
+        f"http://{HOST}:{port}/v3/{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+    except urllib.error.HTTPError as failed:
+        raise RuntimeError(f"etcd setup {path} failed: {failed.read()[:300]!r}") from None
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _enable_auth(port: int, password: str) -> None:
+    """A root user with a random password, ``SECURE_USER`` confined to ``SECURE_PREFIX``, auth on."""
+    prefix_end = SECURE_PREFIX[:-1] + chr(ord(SECURE_PREFIX[-1]) + 1)
+    steps: list[tuple[str, dict[str, object]]] = [
+        ("auth/role/add", {"name": "root"}),
+        ("auth/user/add", {"name": "root", "password": secrets.token_urlsafe(16)}),
+        ("auth/user/grant", {"user": "root", "role": "root"}),
+        ("auth/role/add", {"name": SECURE_USER}),
+        (
+            "auth/role/grant",
+            {
+                "name": SECURE_USER,
+                "perm": {"permType": "READWRITE", "key": _b64(SECURE_PREFIX), "range_end": _b64(prefix_end)},
+            },
+        ),
+        ("auth/user/add", {"name": SECURE_USER, "password": password}),
+        ("auth/user/grant", {"user": SECURE_USER, "role": SECURE_USER}),
+        ("auth/enable", {}),
+    ]
+    for path, body in steps:
+        _gateway(port, path, body)
 
 
 def member_command(data_dir: Path, client_url: str, peer_url: str) -> list[str]:
@@ -75,12 +134,45 @@ def member_command(data_dir: Path, client_url: str, peer_url: str) -> list[str]:
     ]
 
 
-def start(workdir: Path | None = None) -> ServerHandle:
+def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
     """Start a fresh single-member etcd on free loopback ports and wait until it serves reads."""
     directory = Path(tempfile.mkdtemp(prefix="etcd-", dir=workdir))
     client, peer = free_port(), free_port()
-    command = member_command(directory / "data", f"http://{HOST}:{client}", f"http://{HOST}:{peer}")
-    handle = ServerHandle(
-        "etcd", f"etcd://{HOST}:{client}", client, directory, command=command, probe=lambda: probe(client)
+    if not secure:
+        command = member_command(directory / "data", f"http://{HOST}:{client}", f"http://{HOST}:{peer}")
+        handle = ServerHandle(
+            "etcd", f"etcd://{HOST}:{client}", client, directory, command=command, probe=lambda: probe(client)
+        )
+        return launch(handle, START_TIMEOUT)
+    from consensus_api.testing.certificates import write_certificates  # noqa: PLC0415 - secure only
+
+    certs = write_certificates(directory / "certs")
+    plain = free_port()
+    (directory / "probe-port").write_text(str(plain))  # testing.PROBE_PORT_FILE
+    command = member_command(
+        directory / "data", f"https://{HOST}:{client},http://{HOST}:{plain}", f"http://{HOST}:{peer}"
     )
-    return launch(handle, START_TIMEOUT)
+    command += [
+        "--advertise-client-urls",
+        f"https://{HOST}:{client}",
+        "--cert-file",
+        str(certs / "server.pem"),
+        "--key-file",
+        str(certs / "server.key"),
+        "--trusted-ca-file",
+        str(certs / "ca.pem"),
+        "--client-cert-auth",
+    ]
+    password = secrets.token_urlsafe(16)
+    query = urlencode(
+        {"tls_ca": certs / "ca.pem", "tls_cert": certs / "client.pem", "tls_key": certs / "client.key"}
+    )
+    url = f"etcd://{SECURE_USER}:{password}@{HOST}:{client}{SECURE_PREFIX.rstrip('/')}?{query}"
+    handle = ServerHandle("etcd", url, client, directory, command=command, probe=lambda: probe(plain))
+    launch(handle, START_TIMEOUT)
+    try:
+        _enable_auth(plain, password)
+    except BaseException:
+        handle.stop()
+        raise
+    return handle

@@ -13,16 +13,27 @@ listens until a test starts a TCP proxy there
 through the proxy learns the proxy's address from the metadata, so every one
 of its connections (bootstrap, partition leader, group coordinator) runs
 through the proxy.
+
+The secure variant (``start(secure=True)``) serves clients on ``SASL_SSL``
+listeners (the client port and ``PROXIED``) with ``SCRAM-SHA-512`` users and
+the ``StandardAuthorizer``: its URL names the user ``consensus``, whose ACLs
+cover only topics, groups and transactional ids prefixed ``consensus``.
+Certificates are made at start, in ``<dir>/certs``. A plaintext listener on
+another port (superuser ``ANONYMOUS``, as the controller's) serves the
+readiness probe and the launcher's setup (users and ACLs through the admin API,
+so no password is on a command line) only.
 """
 
 from __future__ import annotations
 
 import base64
 import re
+import secrets
 import socket
 import tempfile
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 from consensus_api.testing._process import (
     HOST,
@@ -111,6 +122,78 @@ def _server_properties(directory: Path, broker: int, controller: int, proxied: i
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
+#: The secure variant's user; its ACLs cover names with this prefix (the URL path).
+SECURE_USER = "consensus"
+
+
+def _secure_properties(certs: Path, listeners: dict[str, int], proxy: int) -> str:
+    """The secure variant's listener, TLS, SASL and authorizer settings (they override the plain ones).
+
+    ``listeners``: port by listener name; PROXIED advertises ``proxy`` instead.
+    """
+    jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    settings = {
+        "listeners": ",".join(f"{name}://{HOST}:{port}" for name, port in listeners.items()),
+        "advertised.listeners": ",".join(
+            f"{name}://{HOST}:{proxy if name == 'PROXIED' else port}" for name, port in listeners.items()
+        ),
+        "listener.security.protocol.map": (
+            "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SECURE:SASL_SSL,PROXIED:SASL_SSL"
+        ),
+        "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+        "listener.name.secure.scram-sha-512.sasl.jaas.config": jaas,
+        "listener.name.proxied.scram-sha-512.sasl.jaas.config": jaas,
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(certs / "keystore.pem"),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(certs / "ca.pem"),
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:ANONYMOUS",
+        "allow.everyone.if.no.acl.found": "false",
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
+
+
+def _add_user_and_acls(plain: int, password: str) -> None:
+    """``SECURE_USER`` with ``password`` (SCRAM-SHA-512) and its prefixed ACLs, over the plain listener."""
+    from kafka.admin import (  # noqa: PLC0415 - secure only
+        ACL,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        KafkaAdminClient,
+        ResourcePattern,
+        ResourceType,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    admin = KafkaAdminClient(bootstrap_servers=f"{HOST}:{plain}", request_timeout_ms=10_000)
+    try:
+        admin.alter_user_scram_credentials(
+            [UserScramCredentialUpsertion(SECURE_USER, ScramMechanism.SCRAM_SHA_512, password)]
+        )
+        principal = f"User:{SECURE_USER}"
+        prefixed = ACLResourcePatternType.PREFIXED
+        patterns = [
+            ResourcePattern(kind, SECURE_USER, prefixed)
+            for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)
+        ]
+        acls = [
+            ACL(principal, "*", ACLOperation.ALL, ACLPermissionType.ALLOW, pattern) for pattern in patterns
+        ]
+        cluster = ResourcePattern(ResourceType.CLUSTER, "kafka-cluster", ACLResourcePatternType.LITERAL)
+        acls += [
+            ACL(principal, "*", operation, ACLPermissionType.ALLOW, cluster)
+            for operation in (ACLOperation.DESCRIBE, ACLOperation.IDEMPOTENT_WRITE)
+        ]
+        result = admin.create_acls(acls)
+        if result.get("failed"):
+            raise RuntimeError(f"creating Kafka ACLs failed: {result['failed']}")
+    finally:
+        admin.close()
+
+
 def _cluster_id() -> str:
     """A random Kafka cluster id; like Kafka's own, never starting with '-' (the CLI would read an option)."""
     while (cid := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
@@ -141,7 +224,7 @@ def probe(port: int) -> bool:
         admin.close()
 
 
-def start(workdir: Path | None = None) -> ServerHandle:
+def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
     """Format and start a fresh single-node KRaft Kafka on free loopback ports.
 
     Returns once a client can bootstrap; RuntimeError naming scripts/install.sh when the jars are missing.
@@ -151,16 +234,29 @@ def start(workdir: Path | None = None) -> ServerHandle:
     directory = Path(tempfile.mkdtemp(prefix="kafka-", dir=workdir))
     broker, controller, proxied, proxy = free_port(), free_port(), free_port(), free_port()
     config, log4j = directory / "server.properties", directory / "log4j2.properties"
-    config.write_text(_server_properties(directory, broker, controller, proxied, proxy))
+    properties = _server_properties(directory, broker, controller, proxied, proxy)
+    url, probe_port, password = f"kafka://{HOST}:{broker}", broker, ""
+    if secure:
+        from consensus_api.testing.certificates import write_certificates  # noqa: PLC0415 - secure only
+
+        certs = write_certificates(directory / "certs")
+        probe_port = free_port()
+        (directory / "probe-port").write_text(str(probe_port))  # testing.PROBE_PORT_FILE
+        listeners = {"SECURE": broker, "PLAINTEXT": probe_port, "CONTROLLER": controller, "PROXIED": proxied}
+        properties += _secure_properties(certs, listeners, proxy)
+        password = secrets.token_urlsafe(16)
+        query = f"tls_ca={quote(str(certs / 'ca.pem'))}"
+        url = f"kafka://{SECURE_USER}:{password}@{HOST}:{broker}/{SECURE_USER}?{query}"
+    config.write_text(properties)
     log4j.write_text(LOG4J2)
     common = [f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
     handle = ServerHandle(
         "kafka",
-        f"kafka://{HOST}:{broker}",
+        url,
         broker,
         directory,
         command=[java, *BROKER_JVM, *common, "kafka.Kafka", str(config)],
-        probe=lambda: probe(broker),
+        probe=lambda: probe(probe_port),
         proxy_port=proxy,
         proxy_target=proxied,
     )
@@ -182,4 +278,11 @@ def start(workdir: Path | None = None) -> ServerHandle:
     except BaseException:
         handle.stop()
         raise
-    return launch(handle, START_TIMEOUT)
+    launch(handle, START_TIMEOUT)
+    if secure:
+        try:
+            _add_user_and_acls(probe_port, password)
+        except BaseException:
+            handle.stop()
+            raise
+    return handle

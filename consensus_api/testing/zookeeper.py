@@ -1,12 +1,20 @@
 """ZooKeeper test server: Debian's ``zookeeper`` jars run as a standalone JVM.
 
-``tickTime=500`` allows client session timeouts from 1 s to 60 s.
+``tickTime=500`` allows client session timeouts from 1 s to 60 s. The secure
+variant (``start(secure=True)``) serves clients only on a TLS port (Netty,
+client certificates required) with certificates made at start
+(``consensus_api.testing.certificates``, in ``<dir>/certs``); its URL names
+the user ``consensus`` and the chroot ``/consensus``, a znode whose digest ACL
+admits only that user (``/elsewhere`` admits only another user). The plain
+port stays open for the readiness probe (``srvr``) and the launcher's setup only.
 """
 
 from __future__ import annotations
 
+import secrets
 import tempfile
 from pathlib import Path
+from urllib.parse import urlencode
 
 from consensus_api.testing._process import HOST, ServerHandle, free_port, java_binary, launch, tcp_request
 
@@ -30,14 +38,65 @@ def probe(port: int) -> bool:
     return b"Zookeeper version:" in tcp_request(port, b"srvr")
 
 
-def start(workdir: Path | None = None) -> ServerHandle:
+#: Jars the Netty connection factory needs besides those zookeeper.jar's manifest names.
+NETTY_JARS = ("netty-codec", "netty-resolver", "netty-transport-native-unix-common", "netty-handler")
+
+#: The user and chroot of the secure variant's URL.
+SECURE_USER = "consensus"
+SECURE_CHROOT = "/consensus"
+
+
+def _tls_config(directory: Path, secure_port: int) -> str:
+    from consensus_api.testing.certificates import write_certificates  # noqa: PLC0415 - secure only
+
+    certs = write_certificates(directory / "certs")
+    return (
+        f"secureClientPort={secure_port}\n"
+        "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
+        f"ssl.keyStore.location={certs / 'keystore.pem'}\nssl.keyStore.type=PEM\n"
+        f"ssl.trustStore.location={certs / 'ca.pem'}\nssl.trustStore.type=PEM\n"
+        "ssl.clientAuth=need\n"
+    )
+
+
+def _protect_chroot(port: int, password: str) -> None:
+    """The secure variant's ACLs (set over the plain port): the chroot admits only ``SECURE_USER``,
+    ``/elsewhere`` only another user."""
+    from kazoo.client import KazooClient  # noqa: PLC0415 - secure only
+    from kazoo.security import make_digest_acl  # noqa: PLC0415
+
+    client = KazooClient(hosts=f"{HOST}:{port}", timeout=10)
+    client.start(timeout=10)
+    try:
+        client.create(SECURE_CHROOT, b"", acl=[make_digest_acl(SECURE_USER, password, all=True)])
+        other = make_digest_acl("someone-else", secrets.token_urlsafe(16), all=True)
+        client.create("/elsewhere", b"", acl=[other])
+    finally:
+        client.stop()
+        client.close()
+
+
+def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
     """Start a fresh standalone ZooKeeper on a free loopback port and wait until ``srvr`` answers."""
     java, classpath = java_binary(), _classpath()
     directory = Path(tempfile.mkdtemp(prefix="zookeeper-", dir=workdir))
     port = free_port()
+    client_port = free_port() if secure else port
+    url = f"zookeeper://{HOST}:{port}"
+    tls = ""
+    if secure:
+        tls = _tls_config(directory, client_port)
+        classpath = ":".join([classpath, *(str(JAVA_DIR / f"{jar}.jar") for jar in NETTY_JARS)])
+        password = secrets.token_urlsafe(16)
+        certs = directory / "certs"
+        (directory / "probe-port").write_text(str(port))  # testing.PROBE_PORT_FILE
+        query = urlencode(
+            {"tls_ca": certs / "ca.pem", "tls_cert": certs / "client.pem", "tls_key": certs / "client.key"}
+        )
+        url = f"zookeeper://{SECURE_USER}:{password}@{HOST}:{client_port}{SECURE_CHROOT}?{query}"
     config = directory / "zoo.cfg"
     config.write_text(
-        "tickTime=500\n"
+        tls + "tickTime=500\n"
         f"dataDir={directory / 'data'}\n"
         f"clientPort={port}\n"
         f"clientPortAddress={HOST}\n"
@@ -62,10 +121,17 @@ def start(workdir: Path | None = None) -> ServerHandle:
     ]
     handle = ServerHandle(
         "zookeeper",
-        f"zookeeper://{HOST}:{port}",
-        port,
+        url,
+        client_port,
         directory,
         command=command,
         probe=lambda: probe(port),
     )
-    return launch(handle, START_TIMEOUT)
+    launch(handle, START_TIMEOUT)
+    if secure:
+        try:
+            _protect_chroot(port, password)
+        except BaseException:
+            handle.stop()
+            raise
+    return handle

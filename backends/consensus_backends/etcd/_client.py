@@ -46,9 +46,11 @@ from consensus_api.errors import (
 )
 from consensus_backends.etcd._errors import (
     NOT_SENT,
+    TLS_REFUSED,
     AuthDisabledError,
     Code,
     CompactedError,
+    certificate_refused,
     interrupted,
     translate,
 )
@@ -161,6 +163,8 @@ class EtcdClient:
                 reauthenticate=False,
             )
         except ConfigurationError as exc:
+            if str(exc).startswith(TLS_REFUSED):
+                raise
             raise ConfigurationError(f"etcd refused the credentials of user {self._user!r}: {exc}") from None
         except AuthDisabledError:  # as etcd's own client does: no token needed
             log.debug("etcd has authentication disabled; connecting without a token")
@@ -373,7 +377,9 @@ class EtcdClient:
                     reauthenticate = False  # the token expired; the call was refused, not applied
                     self.authenticate(deadline)
                     continue
-                if code not in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED):
+                if code not in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED) or certificate_refused(
+                    code, exc.details() or ""
+                ):
                     raise translate(exc, what) from None
                 self._endpoint_failed()
                 unsent = code is Code.UNAVAILABLE and NOT_SENT in (exc.details() or "")

@@ -18,6 +18,22 @@ Code = grpc.StatusCode
 #: grpc's UNAVAILABLE details when no connection could be made: the request was never sent.
 NOT_SENT = "failed to connect to all addresses"
 
+#: In grpc's UNAVAILABLE details: a TLS handshake refused a certificate (ours or the server's); permanent.
+CERTIFICATE_REFUSED = "CERTIFICATE"
+#: How such an error's message begins.
+TLS_REFUSED = "etcd: the TLS handshake failed, a certificate was refused"
+
+
+#: grpc's words when the server's certificate is not for the host name dialled.
+HOST_NAME_REFUSED = "Hostname Verification Check failed"
+
+
+def certificate_refused(code: Any, details: str) -> bool:
+    """A TLS handshake failed over a certificate: retrying cannot help."""
+    handshake = "handshake failed" in details.lower() and CERTIFICATE_REFUSED in details
+    return code is Code.UNAVAILABLE and (handshake or HOST_NAME_REFUSED in details)
+
+
 #: etcd's INVALID_ARGUMENT details for a missing token and for wrong credentials.
 _AUTH_FAILURES = ("user name is empty", "authentication failed")
 
@@ -40,6 +56,11 @@ def translate(exc: Any, what: str) -> ConsensusError:
     code, details = exc.code(), exc.details() or ""
     if code is Code.DEADLINE_EXCEEDED:
         return OperationTimeoutError(f"etcd did not complete {what} in time; its effect is unknown")
+    if certificate_refused(code, details):
+        reason = details.rpartition("OPENSSL_internal:")[2].removesuffix(": OK")
+        if HOST_NAME_REFUSED in details:
+            reason = "the server's certificate is for another host name"
+        return ConfigurationError(f"{TLS_REFUSED}: {reason}")
     if code is Code.UNAVAILABLE:
         return OperationTimeoutError(f"lost the connection to etcd during {what}; its effect is unknown")
     if code is Code.NOT_FOUND and "lease not found" in details:

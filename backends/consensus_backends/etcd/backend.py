@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pyetcd import etcdrpc
 
 from consensus_api.backend import Backend, BackendEvents, Target
-from consensus_api.config import BackendURL, OptionParser, Options, boolean, string
+from consensus_api.config import BackendURL, OptionParser, Options, boolean
 from consensus_api.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -67,12 +67,8 @@ WALK_PAGE = 256
 class EtcdBackend(Backend):
     """One session against an etcd v3 cluster: a lease, a prefix watch and transactions."""
 
-    options: ClassVar[Mapping[str, OptionParser]] = {
-        "tls": boolean,
-        "tls_ca": string,
-        "tls_cert": string,
-        "tls_key": string,
-    }
+    #: ``tls`` enables the common security options (docs/spec.md section 2).
+    options: ClassVar[Mapping[str, OptionParser]] = {"tls": boolean}
 
     _client: EtcdClient
     _keeper: LeaseKeeper
@@ -98,8 +94,8 @@ class EtcdBackend(Backend):
         self._client = EtcdClient(
             endpoints,
             tls=self._tls(),
-            user=self.url.username,
-            password=self.url.password,
+            user=self.settings.security.username,
+            password=self.settings.security.password,
             request_timeout=self.settings.request_timeout,
         )
         self._keeper = LeaseKeeper(
@@ -315,8 +311,13 @@ class EtcdBackend(Backend):
         return profile.ETCD
 
     def fault_identity(self) -> dict[str, object]:
-        """The session's lease: ``{"lease": id}`` (None while it is being replaced; tests only)."""
-        return {"lease": self._keeper.held()}
+        """The session's lease: ``{"lease": id}`` (None while it is being replaced), and with TLS the
+        file options ``tls_ca``, ``tls_cert``, ``tls_key`` (paths) to reach it (tests only)."""
+        identity: dict[str, object] = {"lease": self._keeper.held()}
+        security = self.settings.security
+        if security.tls:
+            identity["tls"] = {name: getattr(security, name) for name in ("tls_ca", "tls_cert", "tls_key")}
+        return identity
 
     # Helpers
 
@@ -412,18 +413,17 @@ class EtcdBackend(Backend):
             self._keeper.check_now()
 
     def _tls(self) -> TLS | None:
-        """The TLS settings from the options; ``ConfigurationError`` for unreadable or partial ones."""
-        extra = self.settings.extra
-        paths = {name: extra.get(name) for name in ("tls_ca", "tls_cert", "tls_key")}
-        given = {name: str(path) for name, path in paths.items() if path is not None}
-        if not extra.get("tls", bool(given)):
-            if given:
-                raise ConfigurationError(f"{', '.join(sorted(given))} given but tls is off")
+        """The TLS settings as PEM contents; ``ConfigurationError`` for unreadable or encrypted ones."""
+        security = self.settings.security
+        if not security.tls:
             return None
-        if ("tls_cert" in given) != ("tls_key" in given):
-            raise ConfigurationError("tls_cert and tls_key must be given together")
+        if security.tls_key_password is not None:
+            raise ConfigurationError("etcd (grpc) cannot use an encrypted tls_key: give it unencrypted")
         contents: dict[str, bytes] = {}
-        for name, path in given.items():
+        for name in ("tls_ca", "tls_cert", "tls_key"):
+            path: str | None = getattr(security, name)
+            if path is None:
+                continue
             try:
                 contents[name] = Path(path).read_bytes()
             except OSError as exc:

@@ -9,13 +9,17 @@ its keys go at once.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
-
-import pyetcd
 
 from consensus_api.config import BackendURL
 from consensus_api.conformance.profile import TestProfile, moved_to_free_port
+from consensus_backends.etcd._client import TLS, EtcdClient
+
+#: The TLS file options, in the order of ``TLS``'s fields.
+TLS_FILES = ("tls_ca", "tls_cert", "tls_key")
 
 DEFAULT_PORT = 2379
 
@@ -25,12 +29,18 @@ def _detection_delay(session_timeout: float) -> float:
 
 
 def _expire(url: BackendURL, identity: Mapping[str, Any], timeout: float) -> None:
-    endpoints = [pyetcd.Endpoint(e.host, e.port or DEFAULT_PORT, secure=False) for e in url.endpoints]
-    client = pyetcd.MultiEndpointEtcd3Client(endpoints=endpoints, timeout=timeout, failover=True)
+    """Revoke the lease with a client of our own, as the session's user and over its TLS (``identity``)."""
+    files = identity.get("tls")
+    tls = None
+    if files is not None:
+        tls = TLS(*(None if files[name] is None else Path(files[name]).read_bytes() for name in TLS_FILES))
+    endpoints = [(e.host, e.port or DEFAULT_PORT) for e in url.endpoints]
+    client = EtcdClient(endpoints, tls=tls, user=url.username, password=url.password, request_timeout=timeout)
+    deadline = time.monotonic() + timeout
     try:
         if url.username is not None:
-            client.authenticate(url.username, url.password or "")
-        client.revoke_lease(int(identity["lease"]))
+            client.authenticate(deadline)
+        client.revoke(int(identity["lease"]), deadline)
     finally:
         client.close()
 

@@ -10,6 +10,8 @@ exceptions propagate for the caller to map.
 
 from __future__ import annotations
 
+import socket
+import ssl
 import threading
 import time
 from collections import defaultdict
@@ -23,10 +25,13 @@ from kafka.protocol.admin import CreateTopicsRequest, DescribeGroupsRequest
 from kafka.protocol.consumer import LeaveGroupRequest, ListOffsetsRequest
 from kafka.protocol.metadata import CoordinatorType, FindCoordinatorRequest, MetadataRequest
 
+from consensus_api.errors import ConfigurationError
 from consensus_backends.kafka.errors import timeout_error
 from consensus_backends.kafka.settings import MAX_RECORD_BYTES, Settings
 
 RETRY_DELAY = 0.05
+#: How often a bootstrap in progress is checked for a refused login.
+AUTH_POLL = 0.05
 #: Group states in which DescribeGroups carries member metadata and assignments.
 STABLE = "Stable"
 GONE = ("Empty", "Dead")
@@ -53,9 +58,47 @@ class Channel:
         self._lock = threading.Lock()
 
     def open(self, deadline: float) -> None:
-        """Start the IO thread and bootstrap; raises a kafka error if that fails before ``deadline``."""
+        """Check TLS, start the IO thread and bootstrap; raises a kafka error if that fails before
+        ``deadline``, at once for a refused certificate (``ConfigurationError``) or login (kafka-python
+        retries both until its deadline)."""
+        self._check_certificate(deadline)
         self._client._net.start()
-        self.run(deadline, self._manager.bootstrap_async, _ms_left(deadline))
+        future = self._manager.call_soon(self._manager.bootstrap_async, _ms_left(deadline))
+        done = threading.Event()
+        future.add_both(lambda _: done.set())
+        brokers = self._manager.cluster.bootstrap_brokers()
+        while not done.wait(min(AUTH_POLL, max(0.0, deadline - time.monotonic()))):
+            for broker in brokers:
+                refused = self._manager.auth_failure(broker.node_id)
+                if refused is not None:
+                    raise refused
+            if time.monotonic() >= deadline:
+                raise timeout_error("the Kafka bootstrap")
+        if future.exception is not None:
+            raise future.exception
+
+    def _check_certificate(self, deadline: float) -> None:
+        """With TLS, a handshake with the first reachable bootstrap broker, using the backend's context:
+        ``ConfigurationError`` naming why its certificate was refused. Unreachable brokers are left to
+        the bootstrap."""
+        context = self._settings.security.get("ssl_context")
+        if context is None:
+            return
+        for address in self._settings.bootstrap.split(","):
+            host, _, port = address.rpartition(":")
+            name = host.strip("[]")
+            try:
+                with (
+                    socket.create_connection((name, int(port)), timeout=_left(deadline)) as raw,
+                    context.wrap_socket(raw, server_hostname=name),
+                ):
+                    return
+            except ssl.SSLCertVerificationError as exc:
+                raise ConfigurationError(
+                    f"Kafka at {address}: the server's TLS certificate was refused: {exc.verify_message}"
+                ) from None
+            except OSError:
+                continue
 
     @property
     def api_version(self) -> Any:
@@ -261,3 +304,7 @@ class Channel:
 
 def _ms_left(deadline: float) -> int:
     return max(1, int((deadline - time.monotonic()) * 1000))
+
+
+def _left(deadline: float) -> float:
+    return max(0.01, deadline - time.monotonic())

@@ -34,7 +34,7 @@ def translate(exc: BaseException, what: str) -> ConsensusError:
         return exc
     name = type(exc).__name__
     if isinstance(exc, _AUTH):
-        return BackendUnavailableError(f"Kafka refused {what}: {name} (check the credentials and ACLs)")
+        return ConfigurationError(f"Kafka refused {what}: {name} (check the credentials and ACLs)")
     if isinstance(exc, kerrors.InvalidSessionTimeoutError):
         return ConfigurationError(
             "the broker refused session_timeout: it must lie within the broker's "
@@ -47,10 +47,19 @@ def translate(exc: BaseException, what: str) -> ConsensusError:
     return ConsensusError(f"Kafka failed {what}: {name}")
 
 
-def unavailable(exc: BaseException, url: str) -> BackendUnavailableError:
-    """The error for a failed ``open``; ``url`` must already be redacted."""
+def unavailable(exc: BaseException, url: str) -> ConsensusError:
+    """The error for a failed ``open``; ``url`` must already be redacted. A refusal (authentication,
+    authorization, certificate) is a ``ConfigurationError``: retrying cannot help."""
+    if isinstance(exc, ConfigurationError):
+        return exc
+    if isinstance(exc, kerrors.SaslAuthenticationFailedError):
+        return ConfigurationError(
+            f"Kafka at {url} refused the login: authentication failed ({type(exc).__name__})"
+        )
     if isinstance(exc, _AUTH):
-        return BackendUnavailableError(f"Kafka at {url} refused the connection: {type(exc).__name__}")
+        return ConfigurationError(
+            f"Kafka at {url} refused the connection: {type(exc).__name__} (check the ACLs)"
+        )
     return BackendUnavailableError(
         f"could not reach Kafka at {url} within connect_timeout ({type(exc).__name__})"
     )

@@ -15,17 +15,30 @@ from typing import Any
 
 from kafka.admin import KafkaAdminClient, MemberToRemove
 
-from consensus_api.config import BackendURL
+from consensus_api.config import BackendURL, Secret, Security
 from consensus_api.conformance.profile import TestProfile, moved_to_free_port
 
 DEFAULT_PORT = 9092
 
 
 def _expire(url: BackendURL, identity: Mapping[str, Any], timeout: float) -> None:
+    """LeaveGroup for the session's members, as the session's user and over its TLS (``identity``)."""
+    security: dict[str, Any] = {}
+    files = identity.get("tls")
+    if files is not None:
+        security.update(security_protocol="SSL", ssl_context=Security(tls=True, **files).ssl_context())
+    if "sasl_mechanism" in identity:
+        security.update(
+            security_protocol="SASL_SSL" if files is not None else "SASL_PLAINTEXT",
+            sasl_mechanism=identity["sasl_mechanism"],
+            sasl_plain_username=url.username,
+            sasl_plain_password=Secret(url.password or ""),
+        )
     admin = KafkaAdminClient(
         bootstrap_servers=url.host_list(DEFAULT_PORT),
         request_timeout_ms=int(timeout * 1000),
         bootstrap_timeout_ms=int(timeout * 1000),
+        **security,
     )
     try:
         for group_id, member_id in identity["members"]:

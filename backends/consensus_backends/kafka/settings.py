@@ -1,8 +1,12 @@
 """Settings of the Kafka backend: names from the URL, security options and timing.
 
 ``kafka://user:secret@b1:9092,b2:9092/prefix`` names the brokers and a prefix
-for every topic and group this backend uses. Credentials (URL userinfo or the
-``sasl_*`` options) and the TLS key password reach kafka-python only as
+for every topic and group this backend uses. The common security options
+(docs/spec.md section 2) map to kafka-python's: ``tls`` selects ``SSL``, a user
+name ``SASL_SSL`` (``SASL_PLAINTEXT`` without TLS, with the core's warning),
+with ``SCRAM-SHA-512`` unless ``sasl_mechanism`` says otherwise; the server's
+host name is always checked. kafka-python's ``ssl_*``/``sasl_*`` names are
+aliases. Credentials and the TLS key password reach kafka-python only as
 :class:`Secret` strings, whose ``repr`` is masked, so kafka-python's own
 debug logging of its configuration cannot reveal them.
 """
@@ -14,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from consensus_api.config import BackendURL, OptionParser, Options, boolean, string
+from consensus_api.config import Alias, BackendURL, OptionParser, Options, Secret, boolean
 from consensus_api.errors import ConfigurationError
 
 DEFAULT_PORT = 9092
@@ -22,18 +26,9 @@ DEFAULT_PREFIX = "consensus"
 CLIENT_ID = "consensus-api"
 #: Largest command record: a 1 MiB value plus key, headers and batch overhead.
 MAX_RECORD_BYTES = 2 * 1024 * 1024
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+DEFAULT_SASL_MECHANISM = "SCRAM-SHA-512"
 _PREFIX_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
-
-
-class Secret(str):
-    """A credential: a ``str`` whose ``repr`` never shows its value."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "'***'"
 
 
 def _choice(*allowed: str) -> Callable[[Any], str]:
@@ -46,22 +41,15 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
-def _secret(value: Any) -> Secret:
-    if not isinstance(value, str) or not value:
-        raise ValueError("expected a non-empty string")
-    return Secret(value)
-
-
 OPTIONS: Mapping[str, OptionParser] = {
-    "security_protocol": _choice(*SECURITY_PROTOCOLS),
+    "tls": boolean,
     "sasl_mechanism": _choice(*SASL_MECHANISMS),
-    "sasl_username": string,
-    "sasl_password": _secret,
-    "ssl_cafile": string,
-    "ssl_certfile": string,
-    "ssl_keyfile": string,
-    "ssl_password": _secret,
-    "ssl_check_hostname": boolean,
+    "sasl_username": Alias("username"),
+    "sasl_password": Alias("password"),
+    "ssl_cafile": Alias("tls_ca"),
+    "ssl_certfile": Alias("tls_cert"),
+    "ssl_keyfile": Alias("tls_key"),
+    "ssl_password": Alias("tls_key_password"),
 }
 
 
@@ -128,32 +116,25 @@ def build(url: BackendURL, options: Options) -> Settings:
         request_timeout=options.request_timeout,
         connect_timeout=options.connect_timeout,
         session_timeout=options.session_timeout,
-        security=_security(url, options.extra),
+        security=_security(options),
     )
 
 
-def _security(url: BackendURL, extra: Mapping[str, object]) -> dict[str, Any]:
-    username = extra.get("sasl_username", url.username)
-    password = extra.get("sasl_password", Secret(url.password) if url.password is not None else None)
-    ssl = {
-        key: extra[key]
-        for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_check_hostname")
-        if key in extra
-    }
-    default_protocol = "SSL" if ssl else "PLAINTEXT"
-    if username is not None:
-        default_protocol = "SASL_SSL" if ssl else "SASL_PLAINTEXT"
-    protocol = str(extra.get("security_protocol", default_protocol))
-    config: dict[str, Any] = {"security_protocol": protocol, **ssl}
-    if protocol.startswith("SASL"):
-        if username is None or password is None:
-            raise ConfigurationError(
-                f"security_protocol {protocol} needs a user name and password "
-                "(kafka://user:password@host/prefix or the sasl_username and sasl_password options)"
-            )
+def _security(options: Options) -> dict[str, Any]:
+    """kafka-python's security settings; ``ConfigurationError`` for a password without a user name."""
+    security = options.security
+    config: dict[str, Any] = {"security_protocol": "SSL" if security.tls else "PLAINTEXT"}
+    if security.tls:
+        config["ssl_context"] = security.ssl_context()
+    if security.password is not None and security.username is None:
+        raise ConfigurationError("a Kafka password needs a user name: kafka://user:password@host/prefix")
+    if security.username is not None:
+        if security.password is None:
+            raise ConfigurationError("a Kafka user needs a password: kafka://user:password@host/prefix")
         config.update(
-            sasl_mechanism=extra.get("sasl_mechanism", "PLAIN"),
-            sasl_plain_username=username,
-            sasl_plain_password=Secret(str(password)),
+            security_protocol="SASL_SSL" if security.tls else "SASL_PLAINTEXT",
+            sasl_mechanism=options.extra.get("sasl_mechanism", DEFAULT_SASL_MECHANISM),
+            sasl_plain_username=security.username,
+            sasl_plain_password=Secret(security.password),
         )
     return config

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import signal
 import threading
 import time
@@ -38,9 +39,10 @@ import sqlalchemy
 from sqlalchemy import Connection, Engine
 
 from consensus_api.backend import Backend, Target
-from consensus_api.config import BackendURL, boolean, positive_float, string
+from consensus_api.config import BackendURL, boolean, positive_float
 from consensus_api.errors import (
     BackendUnavailableError,
+    ConfigurationError,
     OperationTimeoutError,
     SessionLostError,
 )
@@ -55,6 +57,7 @@ from consensus_backends.sql.engine import (
     create,
     describe_error,
     is_retryable,
+    permanent_connect_failure,
 )
 from consensus_backends.sql.schema import Tables
 
@@ -82,16 +85,24 @@ WALK_PAGE = 500
 STOP_IN_FENCED_WRITE = "CONSENSUS_TEST_STOP_IN_FENCED_WRITE"
 
 
+#: Table prefixes: they are spliced into SQL (table, trigger and LISTEN channel names) unquoted.
+_TABLE_PREFIX_RE = re.compile(r"[A-Za-z0-9_]{1,40}")
+
+
+def table_prefix(value: Any) -> str:
+    """Parse a table prefix: 1-40 characters of A-Z a-z 0-9 _."""
+    if not isinstance(value, str) or not _TABLE_PREFIX_RE.fullmatch(value):
+        raise ValueError(f"expected 1-40 characters of A-Z a-z 0-9 _, got {value!r}")
+    return value
+
+
 class SQLBackend(Backend):
     """Coordination state in SQL tables; see the module docstring for guarantees."""
 
     options = {
-        "table_prefix": string,
+        "table_prefix": table_prefix,
         "poll_interval": positive_float,
-        "tls": boolean,
-        "tls_ca": string,
-        "tls_cert": string,
-        "tls_key": string,
+        "tls": boolean,  # enables the common security options (docs/spec.md section 2)
     }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -276,6 +287,11 @@ class SQLBackend(Backend):
                 with calls_until(deadline, MIN_CONNECT_LEFT if retry else HEARTBEAT_CONNECT_LEFT):
                     conn = self._engine.connect()
             except sqlalchemy.exc.DBAPIError as exc:
+                permanent = permanent_connect_failure(exc)
+                if permanent is not None:
+                    raise ConfigurationError(
+                        f"cannot connect to {self.url.redacted()}: {permanent}"
+                    ) from None
                 if retry and time.monotonic() + RETRY_PAUSE < deadline:
                     time.sleep(RETRY_PAUSE)
                     continue

@@ -26,6 +26,7 @@ import math
 import os
 import socket
 import sqlite3
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -67,8 +68,8 @@ def _sqlite(url: BackendURL, settings: Options) -> Engine:
             "the sqlite backend needs a database file shared by every session, "
             "e.g. sqlite:///consensus.db; in-memory databases are not supported"
         )
-    if any(name in settings.extra for name in ("tls", "tls_ca", "tls_cert", "tls_key")):
-        raise ConfigurationError("TLS options do not apply to sqlite")
+    if settings.security.tls or settings.security.has_credentials:
+        raise ConfigurationError("TLS and credential options do not apply to sqlite")
     engine = create_engine(
         URL.create("sqlite", database=str(Path(path))),
         connect_args={
@@ -105,19 +106,19 @@ def begin_sqlite(conn: sqlalchemy.Connection, write: bool) -> None:
 
 _call_deadline = threading.local()
 
-#: libpq's shortest connect_timeout (1 means 2); a connection is not begun with less time left than
-#: ``MIN_CONNECT_LEFT``, so a connection attempt ends at most a second after its call's deadline.
+#: A connection is not begun with less time than this left before its call's deadline.
+MIN_CONNECT_LEFT = 0.01
+#: libpq's shortest connect_timeout (1 means 2).
 LIBPQ_MIN_CONNECT = 2
-MIN_CONNECT_LEFT = 1.0
 
 
 @contextlib.contextmanager
 def calls_until(deadline: float, min_left: float = MIN_CONNECT_LEFT) -> Iterator[None]:
-    """Connections opened by this thread meanwhile give up by about ``deadline`` (PostgreSQL).
+    """Connections opened by this thread meanwhile give up by ``deadline`` (PostgreSQL).
 
-    None is begun with less than ``min_left`` seconds left: libpq waits at least
-    ``LIBPQ_MIN_CONNECT`` seconds, so a connection begun later could end that
-    much after ``deadline``.
+    None is begun with less than ``min_left`` seconds left. libpq counts its
+    ``connect_timeout`` in whole seconds (at least 2), so the connection is made
+    on a helper thread and abandoned (closed when it completes) at ``deadline``.
     """
     previous = getattr(_call_deadline, "value", None)
     _call_deadline.value = (deadline, min_left)
@@ -234,6 +235,24 @@ def _server_options(settings: Options) -> str:
     return " ".join(f"-c {name}={max(1, round(seconds * 1000))}" for name, seconds in values.items())
 
 
+def _tls_parameters(settings: Options) -> dict[str, str]:
+    """libpq's TLS parameters: the server is always verified (``verify-full``) when TLS is on."""
+    security = settings.security
+    if not security.tls:
+        return {}
+    if security.tls_key_password is not None:
+        raise ConfigurationError("PostgreSQL (libpq) cannot use an encrypted tls_key: give it unencrypted")
+    roots = (
+        security.tls_ca
+        or ssl.get_default_verify_paths().cafile
+        or ssl.get_default_verify_paths().openssl_cafile
+    )
+    parameters = {"sslmode": "verify-full", "sslrootcert": roots}
+    if security.tls_cert is not None and security.tls_key is not None:
+        parameters.update(sslcert=security.tls_cert, sslkey=security.tls_key)
+    return parameters
+
+
 def _postgresql(url: BackendURL, settings: Options) -> Engine:
     _require_psycopg()
     if not url.endpoints:
@@ -241,25 +260,22 @@ def _postgresql(url: BackendURL, settings: Options) -> Engine:
     database = url.path.lstrip("/") or "postgres"
     hosts = [f"{e.host}:{e.port or 5432}" for e in url.endpoints]
     query: dict[str, str | list[str]] = {"host": hosts} if len(hosts) > 1 else {}
-    extra = settings.extra
-    if "tls_ca" in extra or "tls_cert" in extra or extra.get("tls"):
-        query["sslmode"] = "verify-full" if "tls_ca" in extra else "require"
-    for option, parameter in (("tls_ca", "sslrootcert"), ("tls_cert", "sslcert"), ("tls_key", "sslkey")):
-        if option in extra:
-            query[parameter] = str(extra[option])
     engine = create_engine(
         URL.create(
             "postgresql+psycopg",
-            username=url.username,
-            password=url.password,
+            username=settings.security.username,
+            password=settings.security.password,
             host=None if len(hosts) > 1 else url.endpoints[0].host,
             port=None if len(hosts) > 1 else url.endpoints[0].port,
             database=database,
             query=query,
         ),
         connect_args={
-            "connect_timeout": max(1, round(settings.connect_timeout)),
+            "connect_timeout": max(LIBPQ_MIN_CONNECT, math.ceil(settings.connect_timeout)),
             "options": _server_options(settings),
+            # Without TLS, no silent TLS attempt followed by a second, plain login (libpq's "prefer").
+            "sslmode": "disable",
+            **_tls_parameters(settings),
         },
         pool_size=8,
         max_overflow=24,
@@ -267,21 +283,77 @@ def _postgresql(url: BackendURL, settings: Options) -> Engine:
     )
 
     @event.listens_for(engine, "do_connect")
-    def _bounded_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+    def _bounded_connect(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
         bound: tuple[float, float] | None = getattr(_call_deadline, "value", None)
         if bound is None:
-            return
+            return None
         deadline, min_left = bound
         left = deadline - time.monotonic()
         if left < min_left:
             import psycopg  # noqa: PLC0415 - PostgreSQL only
 
             raise psycopg.OperationalError("no time left to connect within request_timeout")
-        cparams["connect_timeout"] = min(
-            int(cparams.get("connect_timeout", LIBPQ_MIN_CONNECT)), max(LIBPQ_MIN_CONNECT, math.ceil(left))
-        )
+        cparams["connect_timeout"] = max(LIBPQ_MIN_CONNECT, math.ceil(left))
+        return _connect_within(lambda: dialect.connect(*cargs, **cparams), left)
 
     return engine
+
+
+def _connect_within(connect: Any, seconds: float) -> Any:
+    """``connect()`` on a helper thread; its connection, its error, or after ``seconds`` an
+    ``OperationalError`` (the attempt goes on and its connection is closed when it completes)."""
+    import psycopg  # noqa: PLC0415 - PostgreSQL only
+
+    lock = threading.Lock()
+    done = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def attempt() -> None:
+        try:
+            result = connect()
+        except BaseException as exc:  # handed to the caller
+            result, outcome["error"] = None, exc
+        with lock:
+            abandoned = outcome.get("abandoned", False)
+            outcome["connection"] = result
+            done.set()
+        if abandoned and result is not None:
+            result.close()
+
+    threading.Thread(target=attempt, name="consensus-sql-connect", daemon=True).start()
+    done.wait(seconds)
+    with lock:
+        if not done.is_set():
+            outcome["abandoned"] = True
+            raise psycopg.OperationalError(f"connection timeout expired ({seconds:.2g} s)")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["connection"]
+
+
+#: Connection failures that happen again on every attempt, by what the server or libpq says.
+_PERMANENT_FAILURES = (
+    ("password authentication failed", "authentication failed: check the user name and password"),
+    ("no password supplied", "authentication failed: the server demands a password"),
+    ("no pg_hba.conf entry", "authentication failed: the server admits no such connection (pg_hba.conf)"),
+    ("does not exist", "the database or role does not exist"),
+    ("permission denied", "the user may not use this database"),
+    ("certificate verify failed", "TLS: the server's certificate was refused"),
+    ("server certificate for", "TLS: the server's certificate is for another host name"),
+    ("does not match host name", "TLS: the server's certificate is for another host name"),
+    ("server does not support SSL", "TLS: the server does not support TLS"),
+    ("root certificate file", "TLS: the CA file cannot be used"),
+)
+
+
+def permanent_connect_failure(exc: sqlalchemy.exc.DBAPIError) -> str | None:
+    """Why connecting failed for good (retrying cannot help), with the driver's words; None otherwise."""
+    text = str(exc.orig)
+    for marker, cause in _PERMANENT_FAILURES:
+        if marker in text:
+            detail = next((line for line in text.splitlines() if marker in line), marker).strip()
+            return f"{cause} ({detail})"
+    return None
 
 
 def is_retryable(exc: sqlalchemy.exc.DBAPIError) -> bool:

@@ -94,7 +94,10 @@ SQLITE = TestProfile(
     detection_delay=_detection_delay,
     expire_session=_expire_sqlite,
     unreachable_url=_uncreatable_database,
-    not_applicable={"requires_server": "SQLite has no server process"},
+    not_applicable={
+        "requires_server": "SQLite has no server process",
+        "secured_server": "SQLite has no server, so no TLS or passwords",
+    },
     credentials_in_url=False,
     stops_inside_write=True,
 )

@@ -43,7 +43,7 @@ class ZooKeeperBackend(Backend):
         super().__init__(url, options, events)
         self._layout = Layout(chroot_of(url.path))
         self._connection = Connection(
-            url, options, Security(url, options.extra), events.state_changed, self._on_connected
+            url, options, Security(options.security), events.state_changed, self._on_connected
         )
         timeout = options.request_timeout
         self._watches = Watches(self._connection.client, self._layout, events.changed)
@@ -171,11 +171,20 @@ class ZooKeeperBackend(Backend):
         return profile.ZOOKEEPER
 
     def fault_identity(self) -> dict[str, object]:
-        """The ZooKeeper session: ``{"session_id": int, "password": hex}`` (tests only)."""
+        """The ZooKeeper session: ``{"session_id": int, "password": hex}``, and with TLS the file
+        options ``tls_ca``, ``tls_cert``, ``tls_key`` (paths) to reach it (tests only)."""
         client_id = self._connection.client.client_id
         if not client_id:
             return {}
-        return {"session_id": int(client_id[0]), "password": bytes(client_id[1]).hex()}
+        identity: dict[str, object] = {"session_id": int(client_id[0]), "password": bytes(client_id[1]).hex()}
+        security = self.settings.security
+        if security.tls:
+            identity["tls"] = {
+                "tls_ca": security.tls_ca,
+                "tls_cert": security.tls_cert,
+                "tls_key": security.tls_key,
+            }
+        return identity
 
 
 class _ChangeReader:

@@ -104,6 +104,9 @@ class Connection:
         self._epoch = 0
         self._losses = 0
         self._timer: threading.Timer | None = None
+        self._security = security
+        if security.handler is not None:
+            security.handler.on_failure = self._wake
         self.client = KazooClient(
             hosts=host_string(url),
             timeout=settings.session_timeout,
@@ -132,6 +135,10 @@ class Connection:
             raise BackendUnavailableError(f"cannot connect to {self._url.redacted()}: {exc}") from None
         if not self._wait_connected(0, time.monotonic() + timeout):
             self._stop_in_background()
+            if self._security.tls_failure is not None:
+                raise ConfigurationError(
+                    f"cannot connect to ZooKeeper at {self._url.redacted()}: {self._security.tls_failure}"
+                )
             raise BackendUnavailableError(
                 f"could not connect to ZooKeeper at {self._url.redacted()} within {timeout:g} s"
             )
@@ -199,10 +206,20 @@ class Connection:
             except Exception as exc:  # anything else kazoo raised: never let it escape
                 raise ConsensusError(f"ZooKeeper request failed: {type(exc).__name__}: {exc}") from None
 
-    def _wait_connected(self, losses: int, deadline: float) -> bool:
-        """Wait until connected; returns early (False) on a session loss, close or the deadline."""
+    def _wake(self) -> None:
+        """Wake the waiters (a TLS certificate was refused: ``open`` gives up at once)."""
         with self._state_changed:
-            while not self._connected and self._losses == losses and not self._closing:
+            self._state_changed.notify_all()
+
+    def _wait_connected(self, losses: int, deadline: float) -> bool:
+        """Wait until connected; False early on a session loss, close, TLS refusal or the deadline."""
+        with self._state_changed:
+            while (
+                not self._connected
+                and self._losses == losses
+                and not self._closing
+                and self._security.tls_failure is None
+            ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break

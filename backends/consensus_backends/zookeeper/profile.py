@@ -13,15 +13,22 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from consensus_api.config import BackendURL
+from consensus_api.config import BackendURL, Security
 from consensus_api.conformance.profile import TestProfile, moved_to_free_port
+from consensus_backends.zookeeper.security import VerifyingHandler
 
 DEFAULT_PORT = 2181
 
 
-def expire_zookeeper_session(hosts: str, session_id: int, password: bytes, timeout: float = 10) -> None:
-    """Expire the session ``session_id`` on the servers ``hosts`` (``h:p,...``) as a real expiry would."""
-    client = KazooClient(hosts=hosts, client_id=(session_id, password))
+def expire_zookeeper_session(
+    hosts: str, session_id: int, password: bytes, timeout: float = 10, tls: Security | None = None
+) -> None:
+    """Expire the session ``session_id`` on the servers ``hosts`` (``h:p,...``) as a real expiry would;
+    over TLS with ``tls``."""
+    arguments: dict[str, Any] = {}
+    if tls is not None:
+        arguments.update(use_ssl=True, handler=VerifyingHandler(tls.ssl_context()))
+    client = KazooClient(hosts=hosts, client_id=(session_id, password), **arguments)
     client.start(timeout=timeout)
     try:
         client.stop()
@@ -31,7 +38,10 @@ def expire_zookeeper_session(hosts: str, session_id: int, password: bytes, timeo
 
 def _expire(url: BackendURL, identity: Mapping[str, Any], timeout: float) -> None:
     hosts = url.host_list(DEFAULT_PORT)
-    expire_zookeeper_session(hosts, int(identity["session_id"]), bytes.fromhex(identity["password"]), timeout)
+    files = identity.get("tls")
+    tls = Security(tls=True, **files) if files is not None else None
+    session_id, password = int(identity["session_id"]), bytes.fromhex(identity["password"])
+    expire_zookeeper_session(hosts, session_id, password, timeout, tls)
 
 
 ZOOKEEPER = TestProfile(

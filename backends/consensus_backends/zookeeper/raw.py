@@ -50,7 +50,7 @@ SYSTEM = "zookeeper"
 def open_source(url: str, options: Mapping[str, Any]) -> RawTree:
     """Connect to the tree ``url`` names; ``BackendUnavailableError`` after ``connect_timeout``."""
     parsed, query = config.parse_url(url)
-    settings = config.build_options({**query, **options}, OPTIONS, parsed.scheme)
+    settings = config.build_options({**query, **options}, OPTIONS, parsed.scheme, parsed)
     tree = RawTree(parsed, settings)
     tree.open()
     return tree
@@ -64,9 +64,7 @@ class RawTree:
         self.request_timeout = settings.request_timeout
         self._follows: list[RawFollow] = []
         self._lock = threading.Lock()
-        self.connection = Connection(
-            url, settings, Security(url, settings.extra), self._on_state, self._resync
-        )
+        self.connection = Connection(url, settings, Security(settings.security), self._on_state, self._resync)
 
     def open(self) -> None:
         """Connect."""

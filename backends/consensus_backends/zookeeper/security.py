@@ -1,8 +1,14 @@
 """Credentials and TLS for kazoo, and a logger that never shows a secret.
 
-``zookeeper://user:password@hosts/chroot`` authenticates with the ``digest``
-scheme and creates every znode with an ACL that admits only that identity, so
-a wrong password is refused (``NoAuth``) on the chroot. kazoo logs its
+``zookeeper://user:password@hosts/chroot`` (or the ``username`` and
+``password`` options) authenticates with the ``digest`` scheme and creates
+every znode with an ACL that admits only that identity, so a wrong password is
+refused (``NoAuth``) on the chroot. TLS connections are made by our own
+handler with ``Security.ssl_context()``: the server's certificate chain and
+host name are verified against ``tls_ca`` alone (kazoo's own context skips the
+host name and adds the system CAs). A certificate that fails verification ends
+``connect`` at once with ``ConfigurationError`` naming the cause; no request,
+credentials included, is sent before the handshake succeeded. kazoo logs its
 requests at DEBUG, the digest credential included; its logger here replaces
 the password and the derived digest with ``***`` before anything is emitted.
 kazoo warns at every failed reconnect attempt; those warnings are logged at
@@ -12,24 +18,29 @@ INFO, since the session states already report the outage.
 from __future__ import annotations
 
 import logging
+import socket
+import ssl
+import threading
 from collections.abc import Mapping, MutableMapping
-from pathlib import Path
 from typing import Any
 
+from kazoo.handlers.threading import SequentialThreadingHandler
+from kazoo.handlers.utils import create_tcp_connection
 from kazoo.security import make_digest_acl, make_digest_acl_credential
 
-from consensus_api.config import BackendURL, OptionParser, boolean, string
+from consensus_api import config
+from consensus_api.config import OptionParser, boolean
 from consensus_api.errors import ConfigurationError
 
-#: The backend's own options (besides the common ones).
-OPTIONS: Mapping[str, OptionParser] = {
-    "tls": boolean,
-    "tls_ca": string,
-    "tls_cert": string,
-    "tls_key": string,
-}
+#: The backend's own options: ``tls`` enables the common security options (docs/spec.md section 2).
+OPTIONS: Mapping[str, OptionParser] = {"tls": boolean}
 
 MASK = "***"
+
+#: Alerts with which a server refuses our client certificate (or its absence).
+CLIENT_CERTIFICATE_REFUSED = frozenset(
+    {"TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED"}
+)
 
 
 class RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -59,30 +70,73 @@ class RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
         return msg, kwargs
 
 
+class VerifyingHandler(SequentialThreadingHandler):  # type: ignore[misc]
+    """kazoo's threading handler, with TLS sockets from our own ``SSLContext``.
+
+    The first certificate verification failure is kept in ``tls_failure`` and
+    reported to ``on_failure`` (called on kazoo's connection thread).
+    """
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        super().__init__()
+        self._context = context
+        self._failure_lock = threading.Lock()
+        self.tls_failure: str | None = None
+        self.on_failure: Any = None
+
+    def create_connection(self, *args: Any, **kwargs: Any) -> Any:
+        """A plain TCP connection, then the TLS handshake with our context (``use_ssl`` is ours to do)."""
+        use_ssl = kwargs.pop("use_ssl", False)
+        hostname = kwargs.pop("hostname", None)
+        if not isinstance(hostname, str):  # kazoo's command() passes the peer's port: use its address
+            hostname = (args[0] if args else kwargs["address"])[0]
+        for name in ("ca", "certfile", "keyfile", "keyfile_password", "verify_certs", "check_hostname"):
+            kwargs.pop(name, None)
+        sock = create_tcp_connection(socket, *args, **kwargs)
+        if not use_ssl:
+            return sock
+        try:
+            return self._context.wrap_socket(sock, server_hostname=hostname)
+        except ssl.SSLCertVerificationError as exc:
+            sock.close()
+            self._fail(f"the server's TLS certificate was refused: {exc.verify_message}")
+            raise
+        except ssl.SSLError as exc:
+            sock.close()
+            if exc.reason in CLIENT_CERTIFICATE_REFUSED:
+                self._fail(f"the server refused our TLS client certificate ({exc.reason})")
+            raise
+
+    def _fail(self, reason: str) -> None:
+        with self._failure_lock:
+            if self.tls_failure is None:
+                self.tls_failure = reason
+        if self.on_failure is not None:
+            self.on_failure()
+
+
 class Security:
     """Digest authentication and TLS settings for one backend."""
 
-    def __init__(self, url: BackendURL, extra: Mapping[str, object]) -> None:
-        self._username = url.username
-        self._password = url.password
+    def __init__(self, security: config.Security) -> None:
+        self._username = security.username
+        self._password = security.password
         if self._username is not None and not self._password:
             raise ConfigurationError(
                 "ZooKeeper digest authentication needs a user and a password: zookeeper://user:password@host/app"
             )
-        self._ca = _existing_file(extra, "tls_ca")
-        self._cert = _existing_file(extra, "tls_cert")
-        self._key = _existing_file(extra, "tls_key")
-        if (self._cert is None) != (self._key is None):
-            raise ConfigurationError("options 'tls_cert' and 'tls_key' must be given together")
-        wants_tls = any(path is not None for path in (self._ca, self._cert, self._key))
-        self._tls = bool(extra.get("tls", wants_tls))
-        if wants_tls and not self._tls:
-            raise ConfigurationError("options 'tls_ca', 'tls_cert' and 'tls_key' need tls=true")
+        self._tls = security.tls
+        self.handler = VerifyingHandler(security.ssl_context()) if security.tls else None
         secrets = []
         if self._username is not None and self._password:
             digest = make_digest_acl_credential(self._username, self._password)
             secrets = [self._password, digest.partition(":")[2]]
         self.logger = RedactingLogger(logging.getLogger("consensus_api.zookeeper.kazoo"), secrets)
+
+    @property
+    def tls_failure(self) -> str | None:
+        """Why the server's (or our) certificate was refused, once that happened."""
+        return None if self.handler is None else self.handler.tls_failure
 
     def client_arguments(self) -> dict[str, Any]:
         """Keyword arguments for ``KazooClient``: auth data, default ACL and TLS."""
@@ -90,16 +144,6 @@ class Security:
         if self._username is not None and self._password:
             arguments["auth_data"] = [("digest", f"{self._username}:{self._password}")]
             arguments["default_acl"] = [make_digest_acl(self._username, self._password, all=True)]
-        if self._tls:
-            arguments.update(use_ssl=True, ca=self._ca, certfile=self._cert, keyfile=self._key)
+        if self.handler is not None:
+            arguments.update(use_ssl=True, handler=self.handler)
         return arguments
-
-
-def _existing_file(extra: Mapping[str, object], name: str) -> str | None:
-    value = extra.get(name)
-    if value is None:
-        return None
-    path = str(value)
-    if not Path(path).is_file():
-        raise ConfigurationError(f"option {name!r}: no such file: {path}")
-    return path
