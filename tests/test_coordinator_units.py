@@ -26,6 +26,7 @@ from consensus_api.coordinator.handler import (
     require_callbacks,
     resource_names,
 )
+from consensus_api.coordinator.resources import ResourceHandler
 from consensus_api.errors import ConfigurationError, InvalidKeyError, InvalidTypeError
 
 RESOURCES = frozenset(f"r{i:02d}" for i in range(10))
@@ -200,3 +201,77 @@ def test_resource_arguments_are_checked_before_any_io() -> None:
     assert assignor_named("sticky").name == "sticky"
     with pytest.raises(ConfigurationError, match="unknown assignor"):
         assignor_named("no-such-assignor")
+
+
+class _Owners:
+    """A ResourceListener tracking who owns what, failing on a resource started twice."""
+
+    def __init__(self, holders: dict[str, str], name: str) -> None:
+        self.holders, self.name = holders, name
+
+    def on_assigned(self, resources: frozenset[str]) -> None:
+        for resource in resources:
+            assert resource not in self.holders, f"{resource} started by {self.name}, held by {self.holders}"
+            self.holders[resource] = self.name
+
+    def on_revoked(self, resources: frozenset[str]) -> None:
+        for resource in resources:
+            assert self.holders.pop(resource) == self.name
+
+
+class _Rounds:
+    """What ResourceHandler.join needs of a session; counts the follow-up rounds asked for."""
+
+    def __init__(self) -> None:
+        self.requested = 0
+
+    def coordinator(self, group: str, protocol_type: str, handler: object, **options: object) -> _Rounds:
+        return self
+
+    def request_rejoin(self) -> None:
+        self.requested += 1
+
+
+def _rebalance(handlers: Mapping[str, ResourceHandler], rounds: _Rounds, generation: int) -> int:
+    """Rounds of the group protocol over ``handlers`` (prepare, negotiation, assignment by the first
+    member, complete) while a member asks for a follow-up round; returns the last generation."""
+    rounds.requested = 1
+    while rounds.requested:
+        rounds.requested = 0
+        for name, handler in handlers.items():
+            handler.on_join_prepare(generation, name)
+        generation += 1
+        offers = {name: dict(handler.metadata()) for name, handler in handlers.items()}
+        protocol = choose({name: list(offer) for name, offer in offers.items()})
+        assert protocol is not None
+        leader = next(iter(handlers.values()))
+        members = {name: offer[protocol] for name, offer in offers.items()}
+        assignment = leader.perform_assignment(next(iter(handlers)), protocol, members)
+        for name, handler in handlers.items():
+            handler.on_join_complete(generation, name, protocol, assignment[name])
+    return generation
+
+
+def test_kip429_two_bounce_upgrade_keeps_every_resource_owned_once() -> None:
+    """["range"] -> ["cooperative-sticky", "range"] -> ["cooperative-sticky"], one member at a time:
+    after every restart each resource has exactly one owner, both members own some, none twice."""
+    resources = [f"r{i}" for i in range(6)]
+    holders: dict[str, str] = {}
+    rounds = _Rounds()
+    handlers: dict[str, ResourceHandler] = {}
+    generation = 0
+    for step in [("a", ["range"]), ("b", ["range"])] + [
+        (name, assignors)
+        for assignors in (["cooperative-sticky", "range"], ["cooperative-sticky"])
+        for name in ("a", "b")
+    ]:
+        name, assignors = step
+        if name in handlers:
+            handlers.pop(name).on_leave_prepare()
+            generation = _rebalance(handlers, rounds, generation)
+        handlers[name] = ResourceHandler(resources, _Owners(holders, name), assignors=assignors)
+        handlers[name].join(rounds, "group")  # type: ignore[arg-type]
+        generation = _rebalance(handlers, rounds, generation)
+        if len(handlers) == 2:
+            assert sorted(holders) == resources
+            assert all(handler.owned for handler in handlers.values()), holders

@@ -8,7 +8,10 @@ generation). The group uses the most preferred assignor every member supports.
 
 * Eager (any assignor not cooperative): ``on_join_prepare`` revokes
   everything; the generation barrier guarantees nobody starts a resource
-  before its previous owner stopped it.
+  before its previous owner stopped it. Even when the group picks a
+  cooperative assignor (``["cooperative-sticky", "range"]``, the first bounce
+  of KIP-429's upgrade), the member claims to own nothing, so nothing is
+  withheld from its new owner.
 * Cooperative (every assignor cooperative, e.g. ``cooperative-sticky``): a
   member keeps what it owns across a rebalance and only revokes what moves
   away; resources it revokes reach their new owner in the follow-up round it
@@ -59,6 +62,7 @@ def encode_subscription(subscription: Subscription) -> bytes:
             "resources": sorted(subscription.resources),
             "owned": sorted(subscription.owned),
             "generation": subscription.generation,
+            "previous": sorted(subscription.previous),
         }
     ).encode()
 
@@ -70,6 +74,7 @@ def decode_subscription(raw: bytes) -> Subscription:
             frozenset(str(r) for r in data["resources"]),
             frozenset(str(r) for r in data["owned"]),
             int(data["generation"]),
+            frozenset(str(r) for r in data.get("previous", ())),
         )
     except (ValueError, KeyError, TypeError):
         return Subscription(frozenset())
@@ -115,10 +120,11 @@ class ResourceHandler:
     # CoordinatorHandler
 
     def metadata(self) -> list[tuple[str, bytes]]:
-        claimed = (
-            self._owned if self.cooperative else self._last
-        )  # eager: the last assignment, for stickiness
-        subscription = encode_subscription(Subscription(self.resources, claimed, self._generation))
+        # What it still holds (nothing, eagerly: on_join_prepare revoked it), and the last
+        # assignment for stickiness only: a cooperative assignor withholds just the former.
+        subscription = encode_subscription(
+            Subscription(self.resources, self._owned, self._generation, self._last)
+        )
         return [(assignor.name, subscription) for assignor in self.assignors]
 
     def on_join_prepare(self, generation: int, member_id: str) -> None:
