@@ -10,6 +10,7 @@ __version__ = "0.2.0"
 
 from consensus_api.assignors import Assignor, Subscription
 from consensus_api.coordinator import (
+    NO_GENERATION,
     Coordinator,
     CoordinatorHandler,
     Generation,
@@ -51,6 +52,7 @@ from consensus_api.session import Session, connect
 from consensus_api.storage import Storage
 
 __all__ = [
+    "NO_GENERATION",
     "Assignor",
     "BackendUnavailableError",
     "ConfigurationError",

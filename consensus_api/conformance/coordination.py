@@ -73,16 +73,17 @@ class RecordingHandler:
         return [call for call in self.calls.events[since:] if call.name == name]
 
     def check_order(self) -> None:
-        """Every complete follows a prepare, generations increase: never two assignments at once."""
-        prepared, last = False, -1
+        """Every complete follows a prepare, generations increase: never two assignments at once
+        (a complete repeated with the same arguments is the retry of one that raised)."""
+        prepared, last, retried = False, -1, None
         for call in self.calls.events:
             if call.name == "prepare":
-                prepared = True
-            elif call.name == "complete":
+                prepared, retried = True, None
+            elif call.name == "complete" and call.args != retried:
                 generation = int(str(call.args[0]))
                 assert prepared, f"on_join_complete without on_join_prepare before it: {self.calls.events}"
                 assert generation > last, f"generation {generation} after {last}: {self.calls.events}"
-                prepared, last = False, generation
+                prepared, last, retried = False, generation, call.args
 
 
 class Ledger:
