@@ -216,12 +216,20 @@ class Session(Closing):
         handler: CoordinatorHandler,
         *,
         rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> Coordinator:
         """A member of ``group`` in Kafka's rebalance protocol (SPEC section 8); joins on
-        ``ensure_active_group``. Closed with the session."""
-        return self._attach(
-            Coordinator(self._port, group, protocol_type, handler, rebalance_timeout=rebalance_timeout)
+        ``ensure_active_group``; static (KIP-345) with a ``group_instance_id``. Closed with the
+        session."""
+        coordinator = Coordinator(
+            self._port,
+            group,
+            protocol_type,
+            handler,
+            rebalance_timeout=rebalance_timeout,
+            group_instance_id=group_instance_id,
         )
+        return self._attach(coordinator)
 
     def incremental_coordinator(
         self,

@@ -20,6 +20,8 @@ from consensus_api.assignors import (
 )
 from consensus_api.coordinator.generic.negotiation import Offer, admit, choose, compatible
 from consensus_api.coordinator.generic.reconcile import FENCED, Ack, GroupState, reconcile
+from consensus_api.coordinator.generic.records import STABLE, Completed, GenerationRecord
+from consensus_api.coordinator.generic.static import StaticMembers, replace
 from consensus_api.coordinator.handler import (
     assignor_named,
     check_resource_listener,
@@ -275,3 +277,22 @@ def test_kip429_two_bounce_upgrade_keeps_every_resource_owned_once() -> None:
         if len(handlers) == 2:
             assert sorted(holders) == resources
             assert all(handler.owned for handler in handlers.values()), holders
+
+
+def test_static_members_replace_fence_and_keep_for_the_grace() -> None:
+    """A restarted static member replaces its predecessor (which completes nothing more); a live
+    predecessor is fenced; a gone static member is kept for the grace period, then dropped."""
+    done = Completed(4, ("a", "s1"), "p", "a", 7)
+    record = GenerationRecord(4, STABLE, ("a", "s1"), completed=done, statics={"s1": "i"})
+    static = StaticMembers(grace=10.0)
+    offer, offer_i = Offer("t", ("p",)), Offer("t", ("p",), "i")
+    gone = static.view(record, {"a": offer}, now=0.0)
+    assert gone.kept == ("s1",) and not gone.replaced
+    assert static.view(record, {"a": offer}, now=11.0).kept == ()
+    back = static.view(record, {"a": offer, "s2": offer_i}, now=1.0)
+    assert back.replaced == {"s2": "s1"} and back.fenced == ()
+    replaced = replace(record, back)
+    assert replaced.members == ("a", "s2") and replaced.aliases == {"s2": "s1"}
+    assert replaced.completed is not None and replaced.completed.members == ("a", "s2")
+    twice = static.view(record, {"a": offer, "s1": offer_i, "s2": offer_i}, now=1.0)
+    assert twice.replaced == {"s2": "s1"} and twice.fenced == ("s1",) and "s1" not in twice.live

@@ -75,8 +75,12 @@ class Coordinator(GroupMember, EngineHost):
         handler: CoordinatorHandler,
         *,
         rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> None:
         super().__init__(session, group, rebalance_timeout)
+        self._instance = (
+            None if group_instance_id is None else check_segment(group_instance_id, "instance id")
+        )
         self.protocol_type = check_segment(protocol_type, "protocol type")
         require_callbacks(handler, HANDLER_METHODS, "handler", "CoordinatorHandler")
         self._handler = handler
@@ -84,6 +88,8 @@ class Coordinator(GroupMember, EngineHost):
         self._prepared = False
         self._registered = False
         self._completing: tuple[Generation, bytes] | None = None  # an on_join_complete that raised
+        self._joined_with: Protocols | None = None  # the metadata of the last join
+        self._recheck_metadata = False
         self._retry_delay = RETRY_FIRST
         backend = session.backend_for_call()
         engine = backend.coordinator_engine(self.group, self.protocol_type, self, self.rebalance_timeout)
@@ -125,10 +131,23 @@ class Coordinator(GroupMember, EngineHost):
         self._engine.request_rejoin()
         self._thread.wake()
 
+    def update_metadata(self) -> None:
+        """The handler's metadata may have changed (a new subscription): ask ``metadata()`` again,
+        on the coordinator thread, and if it differs from what this member joined with, rebalance
+        (exactly once). Returns at once."""
+        with self._cond:
+            self._recheck_metadata = True
+        self._thread.wake()
+
     def __repr__(self) -> str:
         return f"<Coordinator {self.group!r} {self._generation}>"
 
     # EngineHost: called by the engine on the coordinator thread
+
+    @property
+    def group_instance_id(self) -> str | None:
+        """This member's static identity (KIP-345), or None."""
+        return self._instance
 
     def protocols(self) -> Protocols:
         return _checked_protocols(self._handler.metadata())
@@ -139,7 +158,10 @@ class Coordinator(GroupMember, EngineHost):
             held = self._generation
         if not prepared:
             self._call("on_join_prepare", held.generation_id if held else -1, held.member_id if held else "")
-        return self.protocols()
+        protocols = self.protocols()
+        with self._cond:
+            self._joined_with, self._recheck_metadata = protocols, False
+        return protocols
 
     def assign(self, leader_id: str, protocol: str, members: Mapping[str, bytes]) -> dict[str, bytes] | None:
         try:
@@ -189,6 +211,7 @@ class Coordinator(GroupMember, EngineHost):
             if not self._registered:
                 self._engine.start()
                 self._registered = True
+            self._check_metadata()
             delay = self._engine.step()
         except FATAL as exc:
             self.fail(exc)
@@ -217,6 +240,13 @@ class Coordinator(GroupMember, EngineHost):
         ):
             return None
         return self._generation
+
+    def _check_metadata(self) -> None:
+        with self._cond:
+            recheck, self._recheck_metadata = self._recheck_metadata, False
+            joined = self._joined_with
+        if recheck and joined is not None and self.protocols() != joined:
+            self.request_rejoin()
 
     def _retry_completion(self) -> bool:
         """Call the pending ``on_join_complete``; True once it returned (the generation is held)."""

@@ -53,6 +53,7 @@ class CoordinatorFactory(Protocol):
         handler: CoordinatorHandler,
         *,
         rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> Coordinator: ...
 
 
@@ -104,13 +105,30 @@ class ResourceHandler:
         self._coordinator: Coordinator | None = None
 
     def join(
-        self, session: CoordinatorFactory, group: str, *, rebalance_timeout: float | None = None
+        self,
+        session: CoordinatorFactory,
+        group: str,
+        *,
+        rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> Coordinator:
-        """The coordinator of this handler in ``group``; call its ``ensure_active_group`` to join."""
+        """The coordinator of this handler in ``group`` (static with a ``group_instance_id``); call
+        its ``ensure_active_group`` to join."""
         self._coordinator = session.coordinator(
-            group, PROTOCOL_TYPE, self, rebalance_timeout=rebalance_timeout
+            group,
+            PROTOCOL_TYPE,
+            self,
+            rebalance_timeout=rebalance_timeout,
+            group_instance_id=group_instance_id,
         )
         return self._coordinator
+
+    def update_resources(self, resources: Iterable[str]) -> None:
+        """Subscribe to ``resources`` from now on: one rebalance (``Coordinator.update_metadata``).
+        Cooperatively, what is owned but no longer subscribed is revoked before the rejoin."""
+        self.resources = resource_names(resources)
+        if self._coordinator is not None:
+            self._coordinator.update_metadata()
 
     @property
     def owned(self) -> frozenset[str]:
@@ -130,6 +148,7 @@ class ResourceHandler:
     def on_join_prepare(self, generation: int, member_id: str) -> None:
         if generation < 0 or not self.cooperative:
             self._revoke(self._owned)
+        self._revoke(self._owned - self.resources)  # no longer subscribed (update_resources)
         if generation < 0:
             self._generation = -1
 
