@@ -239,11 +239,19 @@ class Session(Closing):
         *,
         assignor: str | Assignor = "sticky",
         rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> IncrementalCoordinator:
         """A member of ``group`` sharing ``resources`` by incremental (KIP-848) reconciliation;
-        joins on ``ensure_active_group``. Closed with the session."""
+        joins on ``ensure_active_group``; static (KIP-345) with a ``group_instance_id``. Closed with
+        the session."""
         coordinator = IncrementalCoordinator(
-            self._port, group, resources, listener, assignor=assignor, rebalance_timeout=rebalance_timeout
+            self._port,
+            group,
+            resources,
+            listener,
+            assignor=assignor,
+            rebalance_timeout=rebalance_timeout,
+            group_instance_id=group_instance_id,
         )
         return self._attach(coordinator)
 

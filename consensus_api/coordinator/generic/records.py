@@ -259,3 +259,7 @@ class IncrementalLayout:
 
     def subscription(self, digest: str) -> str:
         return f"{self.root}/subscriptions/{digest}"
+
+    def instance(self, instance: str) -> str:
+        """The claim of a static member's instance: the incarnation that started last."""
+        return f"{self.root}/instances/{instance}"
