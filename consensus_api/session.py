@@ -18,6 +18,7 @@ from consensus_api.coordinator import (
     IncrementalCoordinator,
     ResourceListener,
 )
+from consensus_api.coordinator.describe import GroupDescription, describe_group
 from consensus_api.dispatch import Dispatcher
 from consensus_api.election import LeaderElection
 from consensus_api.errors import ConsensusError, MemberExistsError, NotAMemberError, SessionLostError
@@ -254,6 +255,11 @@ class Session(Closing):
             group_instance_id=group_instance_id,
         )
         return self._attach(coordinator)
+
+    def describe_group(self, group: str) -> GroupDescription:
+        """A snapshot of the coordinated group ``group`` (SPEC section 8): mode, state, generation
+        or group epoch, protocol, and each member's instance id, epoch and assignment."""
+        return describe_group(self._port, group)
 
     def add_state_listener(self, callback: StateListener) -> None:
         """Call ``callback(state)`` on the dispatcher thread at every state change."""

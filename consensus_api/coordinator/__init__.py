@@ -17,6 +17,7 @@ on the primitives; nothing outside this package imports it.
 """
 
 from consensus_api.coordinator.core import Coordinator
+from consensus_api.coordinator.describe import GroupDescription, MemberDescription
 from consensus_api.coordinator.handler import (
     NO_GENERATION,
     CoordinatorHandler,
@@ -31,7 +32,9 @@ __all__ = [
     "Coordinator",
     "CoordinatorHandler",
     "Generation",
+    "GroupDescription",
     "IncrementalCoordinator",
+    "MemberDescription",
     "ResourceHandler",
     "ResourceListener",
 ]

@@ -161,7 +161,7 @@ class ResourceHandler:
         return {member: _encode_assignment(result.get(member, frozenset())) for member in members}
 
     def on_join_complete(self, generation: int, member_id: str, protocol: str, assignment: bytes) -> None:
-        given = _decode_assignment(assignment) & self.resources
+        given = decode_assignment(assignment) & self.resources
         revoked = self._owned - given
         self._revoke(revoked)
         added = given - self._owned
@@ -186,7 +186,7 @@ def _encode_assignment(resources: frozenset[str]) -> bytes:
     return json.dumps({"resources": sorted(resources)}).encode()
 
 
-def _decode_assignment(raw: bytes) -> frozenset[str]:
+def decode_assignment(raw: bytes) -> frozenset[str]:
     try:
         data: Any = json.loads(raw)
         return frozenset(str(r) for r in data["resources"])
