@@ -221,25 +221,13 @@ class _Owners:
             assert self.holders.pop(resource) == self.name
 
 
-class _Rounds:
-    """What ResourceHandler.join needs of a session; counts the follow-up rounds asked for."""
-
-    def __init__(self) -> None:
-        self.requested = 0
-
-    def coordinator(self, group: str, protocol_type: str, handler: object, **options: object) -> _Rounds:
-        return self
-
-    def request_rejoin(self) -> None:
-        self.requested += 1
-
-
-def _rebalance(handlers: Mapping[str, ResourceHandler], rounds: _Rounds, generation: int) -> int:
+def _rebalance(handlers: Mapping[str, ResourceHandler], generation: int) -> int:
     """Rounds of the group protocol over ``handlers`` (prepare, negotiation, assignment by the first
-    member, complete) while a member asks for a follow-up round; returns the last generation."""
-    rounds.requested = 1
-    while rounds.requested:
-        rounds.requested = 0
+    member, complete) while a cooperative member revoked something (it asks for a follow-up round
+    then); returns the last generation."""
+    follow_up = True
+    while follow_up:
+        follow_up = False
         for name, handler in handlers.items():
             handler.on_join_prepare(generation, name)
         generation += 1
@@ -250,7 +238,9 @@ def _rebalance(handlers: Mapping[str, ResourceHandler], rounds: _Rounds, generat
         members = {name: offer[protocol] for name, offer in offers.items()}
         assignment = leader.perform_assignment(next(iter(handlers)), protocol, members)
         for name, handler in handlers.items():
+            before = handler.owned
             handler.on_join_complete(generation, name, protocol, assignment[name])
+            follow_up |= handler.cooperative and bool(before - handler.owned)
     return generation
 
 
@@ -259,7 +249,6 @@ def test_kip429_two_bounce_upgrade_keeps_every_resource_owned_once() -> None:
     after every restart each resource has exactly one owner, both members own some, none twice."""
     resources = [f"r{i}" for i in range(6)]
     holders: dict[str, str] = {}
-    rounds = _Rounds()
     handlers: dict[str, ResourceHandler] = {}
     generation = 0
     for step in [("a", ["range"]), ("b", ["range"])] + [
@@ -270,10 +259,9 @@ def test_kip429_two_bounce_upgrade_keeps_every_resource_owned_once() -> None:
         name, assignors = step
         if name in handlers:
             handlers.pop(name).on_leave_prepare()
-            generation = _rebalance(handlers, rounds, generation)
+            generation = _rebalance(handlers, generation)
         handlers[name] = ResourceHandler(resources, _Owners(holders, name), assignors=assignors)
-        handlers[name].join(rounds, "group")  # type: ignore[arg-type]
-        generation = _rebalance(handlers, rounds, generation)
+        generation = _rebalance(handlers, generation)
         if len(handlers) == 2:
             assert sorted(holders) == resources
             assert all(handler.owned for handler in handlers.values()), holders

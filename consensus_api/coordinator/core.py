@@ -142,6 +142,11 @@ class Coordinator(GroupMember, EngineHost):
     def __repr__(self) -> str:
         return f"<Coordinator {self.group!r} {self._generation}>"
 
+    @property
+    def session_port(self) -> SessionPort:
+        """The session as this coordinator uses it (for the package's own readers)."""
+        return self._session
+
     # EngineHost: called by the engine on the coordinator thread
 
     @property

@@ -48,6 +48,7 @@ from consensus_api.coordinator.handler import (
     resource_names,
 )
 from consensus_api.coordinator.member import GroupMember
+from consensus_api.coordinator.migration import Gate, classic_members_live
 from consensus_api.errors import FencedError
 from consensus_api.keys import check_segment
 from consensus_api.model import SessionState, ValueChanged
@@ -94,6 +95,7 @@ class IncrementalCoordinator(GroupMember):
             self._claim = value_mirror(session, layout.instance(self._instance), self._thread.wake)
         self._subscription: str | None = None  # the digest of an updated subscription
         self._resubscribe = False
+        self._gate: Gate | None = None  # deferring to a migrating group's classic members
         self._owned: frozenset[str] = frozenset()
         self._entry: MemberState | None = None
         self._reconciled = False
@@ -148,6 +150,10 @@ class IncrementalCoordinator(GroupMember):
             return IDLE
         if not self._seat.take(self._subscribe):
             return RETRY
+        gate = self._gate
+        if gate is not None and gate.due() and gate.set(classic_members_live(self._session, self.group)):
+            with self._cond:
+                self._resubscribe = True  # the classic members are gone: take part
         self._publish_update()
         state = _decoded(self._state.event)
         entry = state.members.get(self._id) if state is not None else None
@@ -180,7 +186,11 @@ class IncrementalCoordinator(GroupMember):
             store(self._storage, self._layout.instance(self._instance), self._incarnation.encode())
             self._claim.start()
         self._state.start()
-        return publish_subscription(self._storage, self._layout, self.resources)
+        if self._gate is None:  # the first join only: a member that took part never defers again
+            self._gate = Gate()
+            self._gate.set(classic_members_live(self._session, self.group))
+        resources = frozenset() if self._gate.closed else self.resources
+        return publish_subscription(self._storage, self._layout, resources)
 
     def _fenced(self) -> bool:
         """True (and the member stopped, told) once another start of this instance claimed it."""

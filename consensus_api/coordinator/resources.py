@@ -23,6 +23,7 @@ Listener callbacks run on the coordinator thread.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,7 +35,8 @@ from consensus_api.coordinator.handler import (
     check_resource_listener,
     resource_names,
 )
-from consensus_api.errors import ConfigurationError
+from consensus_api.coordinator.migration import POLL, incremental_holders_live
+from consensus_api.errors import ConfigurationError, ConsensusError
 
 if TYPE_CHECKING:
     from consensus_api.coordinator.core import Coordinator
@@ -103,6 +105,8 @@ class ResourceHandler:
         self._last: frozenset[str] = frozenset()
         self._generation = -1
         self._coordinator: Coordinator | None = None
+        self._gated = threading.Event()  # deferring to incremental members (coordinator.migration)
+        self._left = threading.Event()
 
     def join(
         self,
@@ -140,9 +144,9 @@ class ResourceHandler:
     def metadata(self) -> list[tuple[str, bytes]]:
         # What it still holds (nothing, eagerly: on_join_prepare revoked it), and the last
         # assignment for stickiness only: a cooperative assignor withholds just the former.
-        subscription = encode_subscription(
-            Subscription(self.resources, self._owned, self._generation, self._last)
-        )
+        # A member deferring to a migrating group's incremental members subscribes to nothing.
+        resources = frozenset() if self._defers() else self.resources
+        subscription = encode_subscription(Subscription(resources, self._owned, self._generation, self._last))
         return [(assignor.name, subscription) for assignor in self.assignors]
 
     def on_join_prepare(self, generation: int, member_id: str) -> None:
@@ -174,7 +178,39 @@ class ResourceHandler:
             self._coordinator.request_rejoin()  # the follow-up round hands them over
 
     def on_leave_prepare(self) -> None:
+        self._left.set()
         self._revoke(self._owned)
+
+    def _defers(self) -> bool:
+        """True while a live incremental member of the group holds resources (checked now); then a
+        thread watches for that to end and asks for a rejoin."""
+        coordinator = self._coordinator
+        if coordinator is None:
+            return False
+        try:
+            defers = incremental_holders_live(coordinator.session_port, coordinator.group)
+        except ConsensusError:
+            defers = True  # unknown: defer, and look again
+        if defers and not self._gated.is_set():
+            self._gated.set()
+            threading.Thread(
+                target=self._await_gate,
+                args=(coordinator,),
+                name=f"consensus-gate-{coordinator.group}",
+                daemon=True,
+            ).start()
+        return defers
+
+    def _await_gate(self, coordinator: Coordinator) -> None:
+        while not self._left.wait(POLL):
+            try:
+                if incremental_holders_live(coordinator.session_port, coordinator.group):
+                    continue
+            except ConsensusError:
+                continue
+            self._gated.clear()
+            coordinator.update_metadata()
+            return
 
     def _revoke(self, resources: frozenset[str]) -> None:
         if resources:
