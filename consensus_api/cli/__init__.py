@@ -18,6 +18,7 @@ from consensus_api.cli.group import group
 from consensus_api.cli.info import leader, members
 from consensus_api.cli.kv import kv
 from consensus_api.cli.migrate import migrate
+from consensus_api.cli.ownership import ownership
 from consensus_api.cli.ping import ping
 from consensus_api.cli.servers import servers
 from consensus_api.cli.watch import watch
@@ -48,6 +49,7 @@ for _command in (
     demo,
     chaos,
     check,
+    ownership,
     migrate,
     bench,
 ):
