@@ -28,6 +28,7 @@ def _row(time: float, process: int, f: str, resource: str | None = None, **field
         "f": f,
         "key": resource,
         "value": None,
+        "term": 1,
         "members": None,
         "op_id": None,
         "time_ns": int(time * SECOND),
@@ -81,6 +82,20 @@ def test_a_paused_owner_is_reported_as_fenced_and_a_killed_one_releases() -> Non
         _row(9, 1, "final", members=["a"]),
     ]
     assert [(f.finding, f.resource) for f in check_run(killed)] == [("unowned-at-end", "b")]
+
+
+def test_an_owner_told_of_its_lost_membership_late_is_fenced_not_a_violation() -> None:
+    """The earlier owner stopped the resource only when told its membership was lost (generation -1,
+    a member that outlived its session): fenced-overlap; stopping it normally later is a violation."""
+    rows = [
+        _row(0, 0, "subscribed", members=["a"]),
+        _row(1, 0, "assigned", "a", term=3),
+        _row(2, 1, "assigned", "a", term=4),
+    ]
+    late = check_run([*rows, _row(2.1, 0, "revoked", "a", term=-1)])
+    assert [(f.finding, f.violation) for f in late] == [("fenced-overlap", False)]
+    normal = check_run([*rows, _row(2.1, 0, "revoked", "a", term=4)])
+    assert [(f.finding, f.violation) for f in normal] == [("double-ownership", True)]
 
 
 def _plant(history: Path, out: Path) -> str:

@@ -8,10 +8,11 @@ end of the run. It reports
 
 * ``double-ownership``: a process started a resource another process still
   owned - a violation;
-* ``fenced-overlap``: the same, but the earlier owner was paused or had its
-  session expired by the nemesis then (a member that outlived
-  ``rebalance_timeout`` or its session, which the protocol allows) - reported,
-  not a violation;
+* ``fenced-overlap``: the same, but the earlier owner was fenced: the nemesis
+  had paused it or expired its session then, or it stopped the resource only
+  when told its membership was lost (its ``revoked`` names generation -1).
+  A member that outlived ``rebalance_timeout`` or its session is allowed by
+  the protocol (as in Kafka): reported, not a violation;
 * ``unowned-at-end`` / ``owned-twice-at-end``: the ``final`` records (what
   each live member owned once the group was quiet) leave a subscribed
   resource without an owner, or give it two - violations.
@@ -33,11 +34,26 @@ import pyarrow as pa
 
 from consensus_api.checker.local import history_files
 
-COLUMNS = ("run", "kind", "process", "client", "type", "f", "key", "value", "members", "op_id", "time_ns")
+COLUMNS = (
+    "run",
+    "kind",
+    "process",
+    "client",
+    "type",
+    "f",
+    "key",
+    "value",
+    "term",
+    "members",
+    "op_id",
+    "time_ns",
+)
 FINDING_DDL = "run string, resource string, finding string, detail string"
 VIOLATIONS = frozenset({"double-ownership", "unowned-at-end", "owned-twice-at-end"})
 FAULT_WINDOWS = ("pause-client", "expire-session")
 _SLOT = re.compile(r"client (\d+)")
+#: How long after a nemesis pause or expiry ends a member may take to notice it was fenced.
+RESUME_SLACK_NS = 5_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +76,7 @@ class _Owning:
     slot: int
     start: int
     end: int | None  # None: still owned at the end of the run
+    lost: bool = False  # revoked when told the membership was lost (generation -1)
 
 
 def check_run(rows: Iterable[Mapping[str, Any]]) -> list[Finding]:
@@ -86,8 +103,8 @@ def check_run(rows: Iterable[Mapping[str, Any]]) -> list[Finding]:
         elif f == "assigned" and (process, resource) not in owning:
             owning[(process, resource)] = row["time_ns"]
         elif f == "revoked" and (process, resource) in owning:
-            start = owning.pop((process, resource))
-            spans[resource].append(_Owning(process, slot_of[process], start, row["time_ns"]))
+            start, lost = owning.pop((process, resource)), row["term"] in (None, -1)
+            spans[resource].append(_Owning(process, slot_of[process], start, row["time_ns"], lost))
     for (process, resource), start in owning.items():
         end = _killed(process, slot_of[process], start, kills, first_seen)
         spans[resource].append(_Owning(process, slot_of[process], start, end))
@@ -103,15 +120,21 @@ def check_run(rows: Iterable[Mapping[str, Any]]) -> list[Finding]:
                     continue
                 if earlier.end is not None and later.start >= earlier.end:
                     continue
-                fenced = any(
-                    start <= later.start and (end is None or end >= earlier.start)
+                faulted = any(
+                    start <= later.start and (end is None or later.start <= end + RESUME_SLACK_NS)
                     for start, end in windows.get(earlier.slot, [])
                 )
+                fenced = faulted or earlier.lost
+                until = "the end" if earlier.end is None else at(earlier.end)
                 detail = (
                     f"process {later.process} (client {later.slot}) started {resource} at {at(later.start)} "
-                    f"while process {earlier.process} (client {earlier.slot}) owned it since "
-                    f"{at(earlier.start)}" + (" (paused or expired by the nemesis)" if fenced else "")
+                    f"while process {earlier.process} (client {earlier.slot}) owned it "
+                    f"from {at(earlier.start)} to {until}"
                 )
+                if faulted:
+                    detail += "; the nemesis had paused it or expired its session"
+                elif fenced:
+                    detail += "; it stopped when told its membership was lost"
                 kind = "fenced-overlap" if fenced else "double-ownership"
                 findings.append(Finding(run, resource, kind, detail))
     if finals:
