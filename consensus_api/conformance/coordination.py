@@ -18,7 +18,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from consensus_api import ConsensusError, ResourceHandler, connect
+from consensus_api import (
+    ConsensusError,
+    Coordinator,
+    IncrementalCoordinator,
+    ResourceHandler,
+    connect,
+)
 from consensus_api.conformance.child import ChildProcess
 from consensus_api.conformance.helpers import EventLog
 
@@ -170,7 +176,8 @@ class CoordinatorChild(ChildProcess):
     With the option ``resources=N`` it is a :class:`ResourceHandler` member over ``r0..r<N-1>``
     that also prints ``ASSIGNED``/``REVOKED <r,...>``, ``PREPARE <generation>`` and, as the
     leader, ``ASSIGNING <generation>`` before assigning; ``hold_assign=S`` makes every assignment
-    after its first take ``S`` seconds (a leader stuck mid-rebalance)."""
+    after its first take ``S`` seconds (a leader stuck mid-rebalance). With ``incremental=1`` as
+    well it is an incremental member instead, printing ``RECONCILED`` once it first is."""
 
     def __init__(self, url: str, group: str, options: Mapping[str, object], lifetime: float = 120.0) -> None:
         module = "consensus_api.conformance.coordination"
@@ -191,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rebalance = float(options.pop("rebalance_timeout", 10))
     resources = int(options.pop("resources", 0))
     hold = float(options.pop("hold_assign", 0))
+    incremental = options.pop("incremental", "") == "1"
 
     class Reporting(RecordingHandler):
         def on_join_complete(self, generation: int, member_id: str, protocol: str, assignment: bytes) -> None:
@@ -198,15 +206,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         with connect(os.environ["CONSENSUS_URL"], **options) as session:
-            if resources:
-                names = [f"r{index}" for index in range(resources)]
-                handler = _ReportingResources(names, _PrintingListener(), hold)
-                coordinator = handler.join(session, args.group, rebalance_timeout=rebalance)
-            else:
-                coordinator = session.coordinator(
-                    args.group, "test", Reporting(), rebalance_timeout=rebalance
+            member: Coordinator | IncrementalCoordinator
+            names = [f"r{index}" for index in range(resources)]
+            if incremental:
+                member = session.incremental_coordinator(
+                    args.group, names, _PrintingListener(), rebalance_timeout=rebalance
                 )
-            coordinator.ensure_active_group()
+                member.ensure_active_group()
+                print("RECONCILED", flush=True)
+            elif resources:
+                handler = _ReportingResources(names, _PrintingListener(), hold)
+                member = handler.join(session, args.group, rebalance_timeout=rebalance)
+                member.ensure_active_group()
+            else:
+                member = session.coordinator(args.group, "test", Reporting(), rebalance_timeout=rebalance)
+                member.ensure_active_group()
             stopped = threading.Event()
 
             def watch_stdin() -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from consensus_api import Coordinator, OperationTimeoutError, ResourceHandler
+from consensus_api import Coordinator, IncrementalCoordinator, OperationTimeoutError, ResourceHandler
 from consensus_api.conformance.coordination import CoordinatorChild, Ledger, owned_by
 from consensus_api.conformance.helpers import SessionFactory, loss_timeout, unique, wait_until
 from consensus_api.conformance.test_coordinator import REBALANCE, SETTLE
@@ -120,3 +120,43 @@ def test_server_restarted_during_a_rebalance(
     bound = _loss(consensus_options) + SETTLE
     wait_until(lambda: ledger.balanced(["a", "b", "c"], SIX), bound, what="a, b and c share the resources")
     assert ledger.double_owned() == []
+
+
+def test_incremental_member_that_does_not_revoke_in_time_is_fenced(
+    consensus_open_session: SessionFactory, consensus_url: str, consensus_options: dict[str, object]
+) -> None:
+    """Incremental mode: a member SIGSTOPped when it must revoke (a subscription grew; its session
+    outlasts the pause) is fenced after rebalance_timeout and its resources move; resumed, it stops
+    everything and comes back; no resource is started while a live, unfenced member owns it."""
+    group, ledger, timeout = unique("ct-cfault"), Ledger(), 2.0
+
+    def incremental(name: str, resources: frozenset[str]) -> IncrementalCoordinator:
+        member = consensus_open_session().incremental_coordinator(
+            group, resources, ledger.listener(name), rebalance_timeout=timeout
+        )
+        member.ensure_active_group(SETTLE)
+        return member
+
+    incremental("a", SIX)
+    b = incremental("b", frozenset())  # subscribes to nothing yet
+    options = {**consensus_options, "session_timeout": 15, "rebalance_timeout": timeout}
+    child = CoordinatorChild(consensus_url, group, {**options, "resources": 6, "incremental": 1})
+    try:
+        wait_until(lambda: len(owned_by(child)) == 3, SETTLE, what="the child owns 3")
+        child.signal(signal.SIGSTOP)
+        paused = time.monotonic()
+        b.update_resources(SIX)  # the child must give one up, and cannot
+        wait_until(lambda: ledger.balanced(["a", "b"], SIX), SETTLE, what="a and b take all 6")
+        assert time.monotonic() - paused < 15, "fenced by its session's expiry, not by rebalance_timeout"
+        mark = len(child.lines)
+        child.signal(signal.SIGCONT)
+        child.expect("REVOKED", SETTLE, since=mark)
+
+        def shared() -> bool:
+            held = [*ledger.snapshot().values(), owned_by(child)]
+            return sum(map(len, held)) == len(SIX) and frozenset().union(*held) == SIX and all(held)
+
+        wait_until(shared, SETTLE, what="a, b and the child share the 6 resources")
+        assert ledger.double_owned() == []
+    finally:
+        child.close()
