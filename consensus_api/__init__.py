@@ -10,10 +10,13 @@ __version__ = "0.2.0"
 
 from consensus_api.assignors import Assignor, Subscription
 from consensus_api.coordinator import (
+    NO_GENERATION,
     Coordinator,
     CoordinatorHandler,
     Generation,
+    GroupDescription,
     IncrementalCoordinator,
+    MemberDescription,
     ResourceHandler,
     ResourceListener,
 )
@@ -52,6 +55,7 @@ from consensus_api.session import Session, connect
 from consensus_api.storage import Storage
 
 __all__ = [
+    "NO_GENERATION",
     "Assignor",
     "BackendUnavailableError",
     "ConfigurationError",
@@ -61,6 +65,7 @@ __all__ = [
     "Event",
     "FencedError",
     "Generation",
+    "GroupDescription",
     "GroupMembership",
     "InconsistentGroupProtocolError",
     "IncrementalCoordinator",
@@ -76,6 +81,7 @@ __all__ = [
     "ListenerRegistry",
     "Lock",
     "LockLost",
+    "MemberDescription",
     "MemberExistsError",
     "MembershipChanged",
     "NotAMemberError",

@@ -21,6 +21,13 @@ every member supports.
   owned by another member is withheld from its new owner this round: the old
   owner revokes it, then asks for a follow-up round that hands it over. Used
   with the cooperative protocol, members keep what they own across a rebalance.
+
+A subscription tells apart what a member *owns now* (``owned``: still running,
+withheld from others by ``cooperative-sticky``) from what it was *last
+assigned* (``previous``: already revoked by an eager member, used only for
+stickiness). A group mixing eager and cooperative members during a rolling
+upgrade (KIP-429) is thus assigned correctly: eager members own nothing while
+the assignment is computed, so nothing they held is withheld.
 """
 
 from __future__ import annotations
@@ -36,11 +43,13 @@ Assignment = dict[str, frozenset[str]]
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
-    """What one member can take and what it owns now (from ``generation``; -1 if it owns nothing)."""
+    """What one member can take, what it owns now, and what it was last assigned (``previous``,
+    possibly revoked since: stickiness only), both from ``generation`` (-1 if none)."""
 
     resources: frozenset[str]
     owned: frozenset[str] = frozenset()
     generation: int = -1
+    previous: frozenset[str] = frozenset()
 
 
 class Assignor(ABC):
@@ -98,7 +107,7 @@ class StickyAssignor(Assignor):
     name = "sticky"
 
     def assign(self, subscriptions: Mapping[str, Subscription]) -> Assignment:
-        owners = current_owners(subscriptions)
+        owners = current_owners(subscriptions, with_previous=True)
         kept: dict[str, list[str]] = {member: [] for member in subscriptions}
         for resource, owner in sorted(owners.items()):
             kept[owner].append(resource)
@@ -150,13 +159,17 @@ def get_assignor(assignor: str | Assignor) -> Assignor:
     return ASSIGNORS[assignor]()
 
 
-def current_owners(subscriptions: Mapping[str, Subscription]) -> dict[str, str]:
-    """resource -> owner: among members claiming a resource they subscribe to, the one whose claim
-    is from the newest generation (then the smallest member id) owns it."""
+def current_owners(
+    subscriptions: Mapping[str, Subscription], *, with_previous: bool = False
+) -> dict[str, str]:
+    """resource -> owner: among members claiming a resource they subscribe to (owning it now, or
+    also having been assigned it last if ``with_previous``), the one whose claim is from the newest
+    generation (then the smallest member id) owns it."""
     owners: dict[str, tuple[int, str]] = {}
     for member in sorted(subscriptions):
         subscription = subscriptions[member]
-        for resource in subscription.owned & subscription.resources:
+        claimed = subscription.owned | subscription.previous if with_previous else subscription.owned
+        for resource in claimed & subscription.resources:
             claim = owners.get(resource)
             if claim is None or subscription.generation > claim[0]:
                 owners[resource] = (subscription.generation, member)

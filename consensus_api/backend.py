@@ -45,6 +45,7 @@ from consensus_api.model import Leadership, SessionState, Versioned
 
 if TYPE_CHECKING:
     from consensus_api.conformance.profile import TestProfile
+    from consensus_api.coordinator.describe import GroupDescription
     from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
 
 
@@ -239,4 +240,9 @@ class Backend(ABC):
     ) -> CoordinatorEngine | None:
         """A backend-native engine for one Coordinator member, or None (the default) for the
         generic engine built on the operations above. Must not block on the network."""
+        return None
+
+    def describe_coordinator_group(self, group: str) -> GroupDescription | None:
+        """The backend-native engine's view of ``group`` (``consensus group describe``), or None
+        (the default: the generic engine's records are read)."""
         return None

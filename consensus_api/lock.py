@@ -1,4 +1,4 @@
-"""Fenced locks, exclusive and shared (SPEC section 7a), built on one election queue per lock.
+"""Fenced locks, exclusive and shared (docs/spec.md section 7a), built on one election queue per lock.
 
 The recipe (kazoo's ``Lock`` / ``ReadLock`` / ``WriteLock``, on this API's own
 primitives): every acquire queues a fresh candidate in the lock's election

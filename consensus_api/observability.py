@@ -1,4 +1,4 @@
-"""Metrics, traces and logging of consensus-api (SPEC section "Observability").
+"""Metrics, traces and logging of consensus-api (docs/spec.md section "Observability").
 
 Logging: every logger is below ``consensus_api`` (``consensus_api.coordinator``,
 ``.sql``, ``.etcd``, ``.zookeeper``, ``.kafka``, ``.migrate``, ``.aio``); the

@@ -18,6 +18,7 @@ from consensus_api.coordinator import (
     IncrementalCoordinator,
     ResourceListener,
 )
+from consensus_api.coordinator.describe import GroupDescription, describe_group
 from consensus_api.dispatch import Dispatcher
 from consensus_api.election import LeaderElection
 from consensus_api.errors import ConsensusError, MemberExistsError, NotAMemberError, SessionLostError
@@ -229,14 +230,22 @@ class Session(Closing):
         handler: CoordinatorHandler,
         *,
         rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> Coordinator:
         """A member of ``group`` in Kafka's rebalance protocol (docs/spec.md section 8); joins on
-        ``ensure_active_group``. Closed with the session."""
+        ``ensure_active_group``; static (KIP-345) with a ``group_instance_id``. Closed with the
+        session."""
         if self._telemetry is not None:
             handler = self._telemetry.observed_handler(handler, group)
-        return self._attach(
-            Coordinator(self._port, group, protocol_type, handler, rebalance_timeout=rebalance_timeout)
+        coordinator = Coordinator(
+            self._port,
+            group,
+            protocol_type,
+            handler,
+            rebalance_timeout=rebalance_timeout,
+            group_instance_id=group_instance_id,
         )
+        return self._attach(coordinator)
 
     def incremental_coordinator(
         self,
@@ -246,13 +255,26 @@ class Session(Closing):
         *,
         assignor: str | Assignor = "sticky",
         rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> IncrementalCoordinator:
         """A member of ``group`` sharing ``resources`` by incremental (KIP-848) reconciliation;
-        joins on ``ensure_active_group``. Closed with the session."""
+        joins on ``ensure_active_group``; static (KIP-345) with a ``group_instance_id``. Closed with
+        the session."""
         coordinator = IncrementalCoordinator(
-            self._port, group, resources, listener, assignor=assignor, rebalance_timeout=rebalance_timeout
+            self._port,
+            group,
+            resources,
+            listener,
+            assignor=assignor,
+            rebalance_timeout=rebalance_timeout,
+            group_instance_id=group_instance_id,
         )
         return self._attach(coordinator)
+
+    def describe_group(self, group: str) -> GroupDescription:
+        """A snapshot of the coordinated group ``group`` (docs/spec.md section 8): mode, state, generation
+        or group epoch, protocol, and each member's instance id, epoch and assignment."""
+        return describe_group(self._port, group)
 
     def add_state_listener(self, callback: StateListener) -> None:
         """Call ``callback(state)`` on the dispatcher thread at every state change."""

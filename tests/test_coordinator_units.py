@@ -20,12 +20,15 @@ from consensus_api.assignors import (
 )
 from consensus_api.coordinator.generic.negotiation import Offer, admit, choose, compatible
 from consensus_api.coordinator.generic.reconcile import FENCED, Ack, GroupState, reconcile
+from consensus_api.coordinator.generic.records import STABLE, Completed, GenerationRecord
+from consensus_api.coordinator.generic.static import StaticMembers, replace
 from consensus_api.coordinator.handler import (
     assignor_named,
     check_resource_listener,
     require_callbacks,
     resource_names,
 )
+from consensus_api.coordinator.resources import ResourceHandler
 from consensus_api.errors import ConfigurationError, InvalidKeyError, InvalidTypeError
 
 RESOURCES = frozenset(f"r{i:02d}" for i in range(10))
@@ -200,3 +203,84 @@ def test_resource_arguments_are_checked_before_any_io() -> None:
     assert assignor_named("sticky").name == "sticky"
     with pytest.raises(ConfigurationError, match="unknown assignor"):
         assignor_named("no-such-assignor")
+
+
+class _Owners:
+    """A ResourceListener tracking who owns what, failing on a resource started twice."""
+
+    def __init__(self, holders: dict[str, str], name: str) -> None:
+        self.holders, self.name = holders, name
+
+    def on_assigned(self, resources: frozenset[str]) -> None:
+        for resource in resources:
+            assert resource not in self.holders, f"{resource} started by {self.name}, held by {self.holders}"
+            self.holders[resource] = self.name
+
+    def on_revoked(self, resources: frozenset[str]) -> None:
+        for resource in resources:
+            assert self.holders.pop(resource) == self.name
+
+
+def _rebalance(handlers: Mapping[str, ResourceHandler], generation: int) -> int:
+    """Rounds of the group protocol over ``handlers`` (prepare, negotiation, assignment by the first
+    member, complete) while a cooperative member revoked something (it asks for a follow-up round
+    then); returns the last generation."""
+    follow_up = True
+    while follow_up:
+        follow_up = False
+        for name, handler in handlers.items():
+            handler.on_join_prepare(generation, name)
+        generation += 1
+        offers = {name: dict(handler.metadata()) for name, handler in handlers.items()}
+        protocol = choose({name: list(offer) for name, offer in offers.items()})
+        assert protocol is not None
+        leader = next(iter(handlers.values()))
+        members = {name: offer[protocol] for name, offer in offers.items()}
+        assignment = leader.perform_assignment(next(iter(handlers)), protocol, members)
+        for name, handler in handlers.items():
+            before = handler.owned
+            handler.on_join_complete(generation, name, protocol, assignment[name])
+            follow_up |= handler.cooperative and bool(before - handler.owned)
+    return generation
+
+
+def test_kip429_two_bounce_upgrade_keeps_every_resource_owned_once() -> None:
+    """["range"] -> ["cooperative-sticky", "range"] -> ["cooperative-sticky"], one member at a time:
+    after every restart each resource has exactly one owner, both members own some, none twice."""
+    resources = [f"r{i}" for i in range(6)]
+    holders: dict[str, str] = {}
+    handlers: dict[str, ResourceHandler] = {}
+    generation = 0
+    for step in [("a", ["range"]), ("b", ["range"])] + [
+        (name, assignors)
+        for assignors in (["cooperative-sticky", "range"], ["cooperative-sticky"])
+        for name in ("a", "b")
+    ]:
+        name, assignors = step
+        if name in handlers:
+            handlers.pop(name).on_leave_prepare()
+            generation = _rebalance(handlers, generation)
+        handlers[name] = ResourceHandler(resources, _Owners(holders, name), assignors=assignors)
+        generation = _rebalance(handlers, generation)
+        if len(handlers) == 2:
+            assert sorted(holders) == resources
+            assert all(handler.owned for handler in handlers.values()), holders
+
+
+def test_static_members_replace_fence_and_keep_for_the_grace() -> None:
+    """A restarted static member replaces its predecessor (which completes nothing more); a live
+    predecessor is fenced; a gone static member is kept for the grace period, then dropped."""
+    done = Completed(4, ("a", "s1"), "p", "a", 7)
+    record = GenerationRecord(4, STABLE, ("a", "s1"), completed=done, statics={"s1": "i"})
+    static = StaticMembers(grace=10.0)
+    offer, offer_i = Offer("t", ("p",)), Offer("t", ("p",), "i")
+    gone = static.view(record, {"a": offer}, now=0.0)
+    assert gone.kept == ("s1",) and not gone.replaced
+    assert static.view(record, {"a": offer}, now=11.0).kept == ()
+    back = static.view(record, {"a": offer, "s2": offer_i}, now=1.0)
+    assert back.replaced == {"s2": "s1"} and back.fenced == ()
+    replaced = replace(record, back)
+    assert replaced.members == ("a", "s2") and replaced.aliases == {"s2": "s1"}
+    assert replaced.completed is not None and replaced.completed.members == ("a", "s2")
+    twice = static.view(record, {"a": offer, "s1": offer_i, "s2": offer_i}, now=1.0)
+    assert twice.replaced == {"s2": "s1"} and twice.fenced == ("s1",) and "s1" not in twice.live

@@ -14,9 +14,11 @@ from consensus_api.cli.chaos import chaos
 from consensus_api.cli.check import check
 from consensus_api.cli.conformance import conformance
 from consensus_api.cli.demo import demo
+from consensus_api.cli.group import group
 from consensus_api.cli.info import leader, members
 from consensus_api.cli.kv import kv
 from consensus_api.cli.migrate import migrate
+from consensus_api.cli.ownership import ownership
 from consensus_api.cli.ping import ping
 from consensus_api.cli.servers import servers
 from consensus_api.cli.watch import watch
@@ -35,7 +37,22 @@ def cli() -> None:
     """
 
 
-for _command in (kv, watch, members, leader, ping, conformance, servers, demo, chaos, check, migrate, bench):
+for _command in (
+    kv,
+    watch,
+    members,
+    leader,
+    group,
+    ping,
+    conformance,
+    servers,
+    demo,
+    chaos,
+    check,
+    ownership,
+    migrate,
+    bench,
+):
     cli.add_command(_command)
 
 

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from consensus_api.cli._common import err_console, expand_url, out_console, require_extra
 from consensus_api.history.nemesis import FAULTS
-from consensus_api.history.runner import ChaosOptions, run_chaos
+from consensus_api.history.runner import WORKLOADS, ChaosOptions, run_chaos
 from consensus_api.testing import STORE_NAMES, require_launchers
 
 
@@ -66,6 +66,14 @@ def _faults(text: str) -> frozenset[str]:
     show_default=True,
     help="Mean seconds between faults.",
 )
+@click.option(
+    "--workload",
+    type=click.Choice(sorted(WORKLOADS)),
+    default="storage",
+    show_default=True,
+    help="storage: kv, election and group operations; coordinator: members of one resource group "
+    "recording when they own what (checked by consensus ownership).",
+)
 @click.option("--seed", type=int, default=None, help="Seed of the workload and fault choices.")
 def chaos(  # noqa: PLR0917 - click passes every option as a parameter
     url: str | None,
@@ -79,6 +87,7 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
     request_timeout: float,
     key_period: float,
     fault_interval: float,
+    workload: str,
     seed: int | None,
 ) -> None:
     """Run CLIENTS processes doing random storage, election and membership operations for DURATION
@@ -102,6 +111,7 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
         request_timeout=request_timeout,
         key_period=key_period,
         fault_interval=fault_interval,
+        workload=workload,
         **extra,
     )
     options.validate()

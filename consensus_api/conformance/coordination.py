@@ -18,7 +18,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from consensus_api import ConsensusError, connect
+from consensus_api import (
+    ConsensusError,
+    Coordinator,
+    IncrementalCoordinator,
+    ResourceHandler,
+    connect,
+)
 from consensus_api.conformance.child import ChildProcess
 from consensus_api.conformance.helpers import EventLog
 
@@ -73,16 +79,17 @@ class RecordingHandler:
         return [call for call in self.calls.events[since:] if call.name == name]
 
     def check_order(self) -> None:
-        """Every complete follows a prepare, generations increase: never two assignments at once."""
-        prepared, last = False, -1
+        """Every complete follows a prepare, generations increase: never two assignments at once
+        (a complete repeated with the same arguments is the retry of one that raised)."""
+        prepared, last, retried = False, -1, None
         for call in self.calls.events:
             if call.name == "prepare":
-                prepared = True
-            elif call.name == "complete":
+                prepared, retried = True, None
+            elif call.name == "complete" and call.args != retried:
                 generation = int(str(call.args[0]))
                 assert prepared, f"on_join_complete without on_join_prepare before it: {self.calls.events}"
                 assert generation > last, f"generation {generation} after {last}: {self.calls.events}"
-                prepared, last = False, generation
+                prepared, last, retried = False, generation, call.args
 
 
 class Ledger:
@@ -164,7 +171,13 @@ class _LedgerListener:
 
 
 class CoordinatorChild(ChildProcess):
-    """A coordinator member in a child process; prints ``COMPLETE <generation> <member id>`` lines."""
+    """A coordinator member in a child process; prints ``COMPLETE <generation> <member id>`` lines.
+
+    With the option ``resources=N`` it is a :class:`ResourceHandler` member over ``r0..r<N-1>``
+    that also prints ``ASSIGNED``/``REVOKED <r,...>``, ``PREPARE <generation>`` and, as the
+    leader, ``ASSIGNING <generation>`` before assigning; ``hold_assign=S`` makes every assignment
+    after its first take ``S`` seconds (a leader stuck mid-rebalance). With ``incremental=1`` as
+    well it is an incremental member instead, printing ``RECONCILED`` once it first is."""
 
     def __init__(self, url: str, group: str, options: Mapping[str, object], lifetime: float = 120.0) -> None:
         module = "consensus_api.conformance.coordination"
@@ -183,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     watchdog.start()
     options = dict(item.partition("=")[::2] for item in args.opt)
     rebalance = float(options.pop("rebalance_timeout", 10))
+    resources = int(options.pop("resources", 0))
+    hold = float(options.pop("hold_assign", 0))
+    incremental = options.pop("incremental", "") == "1"
 
     class Reporting(RecordingHandler):
         def on_join_complete(self, generation: int, member_id: str, protocol: str, assignment: bytes) -> None:
@@ -190,8 +206,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         with connect(os.environ["CONSENSUS_URL"], **options) as session:
-            coordinator = session.coordinator(args.group, "test", Reporting(), rebalance_timeout=rebalance)
-            coordinator.ensure_active_group()
+            member: Coordinator | IncrementalCoordinator
+            names = [f"r{index}" for index in range(resources)]
+            if incremental:
+                member = session.incremental_coordinator(
+                    args.group, names, _PrintingListener(), rebalance_timeout=rebalance
+                )
+                member.ensure_active_group()
+                print("RECONCILED", flush=True)
+            elif resources:
+                handler = _ReportingResources(names, _PrintingListener(), hold)
+                member = handler.join(session, args.group, rebalance_timeout=rebalance)
+                member.ensure_active_group()
+            else:
+                member = session.coordinator(args.group, "test", Reporting(), rebalance_timeout=rebalance)
+                member.ensure_active_group()
             stopped = threading.Event()
 
             def watch_stdin() -> None:
@@ -204,6 +233,50 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ERROR", type(exc).__name__, exc, flush=True)
         return 1
     return 0
+
+
+class _PrintingListener:
+    def on_assigned(self, resources: frozenset[str]) -> None:
+        print("ASSIGNED", ",".join(sorted(resources)), flush=True)
+
+    def on_revoked(self, resources: frozenset[str]) -> None:
+        print("REVOKED", ",".join(sorted(resources)), flush=True)
+
+
+class _ReportingResources(ResourceHandler):
+    """A ResourceHandler reporting its joins; assignments after the first take ``hold`` seconds."""
+
+    def __init__(self, resources: Sequence[str], listener: _PrintingListener, hold: float) -> None:
+        super().__init__(resources, listener, assignors=["cooperative-sticky"])
+        self._hold = hold
+        self._assigned = 0
+
+    def on_join_prepare(self, generation: int, member_id: str) -> None:
+        print("PREPARE", generation, flush=True)
+        super().on_join_prepare(generation, member_id)
+
+    def perform_assignment(
+        self, leader_id: str, protocol: str, members: Mapping[str, bytes]
+    ) -> dict[str, bytes]:
+        print("ASSIGNING", len(members), flush=True)
+        self._assigned += 1
+        if self._assigned > 1:
+            time.sleep(self._hold)
+        return super().perform_assignment(leader_id, protocol, members)
+
+    def on_join_complete(self, generation: int, member_id: str, protocol: str, assignment: bytes) -> None:
+        super().on_join_complete(generation, member_id, protocol, assignment)
+        print("COMPLETE", generation, member_id, flush=True)
+
+
+def owned_by(child: ChildProcess) -> frozenset[str]:
+    """What a resource child owns according to its ASSIGNED/REVOKED lines."""
+    owned: set[str] = set()
+    for line in child.lines.events:
+        kind, _, names = line.partition(" ")
+        if kind in ("ASSIGNED", "REVOKED") and names:
+            (owned.update if kind == "ASSIGNED" else owned.difference_update)(names.split(","))
+    return frozenset(owned)
 
 
 if __name__ == "__main__":

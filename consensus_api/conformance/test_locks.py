@@ -1,4 +1,4 @@
-"""SPEC section 7a: fenced locks - exclusion, tokens, shared holders, fairness, timeouts and faults."""
+"""docs/spec.md section 7a: fenced locks - exclusion, tokens, shared holders, fairness, timeouts, faults."""
 
 from __future__ import annotations
 

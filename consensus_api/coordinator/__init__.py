@@ -17,15 +17,24 @@ on the primitives; nothing outside this package imports it.
 """
 
 from consensus_api.coordinator.core import Coordinator
-from consensus_api.coordinator.handler import CoordinatorHandler, Generation, ResourceListener
+from consensus_api.coordinator.describe import GroupDescription, MemberDescription
+from consensus_api.coordinator.handler import (
+    NO_GENERATION,
+    CoordinatorHandler,
+    Generation,
+    ResourceListener,
+)
 from consensus_api.coordinator.incremental import IncrementalCoordinator
 from consensus_api.coordinator.resources import ResourceHandler
 
 __all__ = [
+    "NO_GENERATION",
     "Coordinator",
     "CoordinatorHandler",
     "Generation",
+    "GroupDescription",
     "IncrementalCoordinator",
+    "MemberDescription",
     "ResourceHandler",
     "ResourceListener",
 ]

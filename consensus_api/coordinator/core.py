@@ -13,8 +13,11 @@ Guarantees:
 * ``on_join_prepare`` runs once before every join, with the generation still
   held, or ``(-1, "")`` on the first join and once the membership was lost
   (session loss, fenced out of a generation) - then everything held must go.
-* ``on_join_complete`` never runs twice without an ``on_join_prepare`` between:
-  a member never holds two generations' assignments.
+* ``on_join_complete`` never runs twice without an ``on_join_prepare`` between
+  (a member never holds two generations' assignments), except that one that
+  raised is called again with the same arguments until it returns (Kafka's
+  AbstractCoordinator retries it too); meanwhile the generation is not stable
+  and the member takes no other step of the protocol.
 * ``on_leave_prepare`` runs once, on ``close``, if the member had registered.
 * No call blocks past its timeout.
 """
@@ -28,7 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost, Protocols
 from consensus_api.coordinator.generic.engine import GenericEngine
-from consensus_api.coordinator.handler import CoordinatorHandler, Generation, require_callbacks
+from consensus_api.coordinator.handler import (
+    NO_GENERATION,
+    CoordinatorHandler,
+    Generation,
+    require_callbacks,
+)
 from consensus_api.coordinator.member import GroupMember
 from consensus_api.errors import (
     ConfigurationError,
@@ -51,6 +59,8 @@ HANDLER_METHODS = (
     "on_leave_prepare",
 )
 FATAL = (InconsistentGroupProtocolError, ConfigurationError, InvalidTypeError)
+#: The first and the longest pause before calling a failed ``on_join_complete`` again.
+RETRY_FIRST, RETRY_MAX = 0.1, 2.0
 
 
 class Coordinator(GroupMember, EngineHost):
@@ -65,14 +75,22 @@ class Coordinator(GroupMember, EngineHost):
         handler: CoordinatorHandler,
         *,
         rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> None:
         super().__init__(session, group, rebalance_timeout)
+        self._instance = (
+            None if group_instance_id is None else check_segment(group_instance_id, "instance id")
+        )
         self.protocol_type = check_segment(protocol_type, "protocol type")
         require_callbacks(handler, HANDLER_METHODS, "handler", "CoordinatorHandler")
         self._handler = handler
         self._generation: Generation | None = None
         self._prepared = False
         self._registered = False
+        self._completing: tuple[Generation, bytes] | None = None  # an on_join_complete that raised
+        self._joined_with: Protocols | None = None  # the metadata of the last join
+        self._recheck_metadata = False
+        self._retry_delay = RETRY_FIRST
         backend = session.backend_for_call()
         engine = backend.coordinator_engine(self.group, self.protocol_type, self, self.rebalance_timeout)
         if engine is None:  # the generic engine, on the session's storage, membership and election
@@ -92,13 +110,15 @@ class Coordinator(GroupMember, EngineHost):
         """
         return self._await(self._stable, timeout, "become stable")
 
-    def generation(self) -> Generation | None:
-        """The generation this member holds (also while a rebalance is under way), or None."""
+    def generation(self) -> Generation:
+        """The generation this member is in: the one it holds (also while a rebalance is under way,
+        and while its ``on_join_complete`` is being retried), or ``NO_GENERATION``."""
         with self._cond:
-            return self._generation
+            return self._generation or NO_GENERATION
 
     def generation_if_stable(self) -> Generation | None:
-        """The generation this member holds if no rebalance is pending or under way, else None."""
+        """The generation this member holds if no rebalance is pending or under way and its
+        ``on_join_complete`` returned, else None."""
         with self._cond:
             return self._stable()
 
@@ -111,10 +131,28 @@ class Coordinator(GroupMember, EngineHost):
         self._engine.request_rejoin()
         self._thread.wake()
 
+    def update_metadata(self) -> None:
+        """The handler's metadata may have changed (a new subscription): ask ``metadata()`` again,
+        on the coordinator thread, and if it differs from what this member joined with, rebalance
+        (exactly once). Returns at once."""
+        with self._cond:
+            self._recheck_metadata = True
+        self._thread.wake()
+
     def __repr__(self) -> str:
         return f"<Coordinator {self.group!r} {self._generation}>"
 
+    @property
+    def session_port(self) -> SessionPort:
+        """The session as this coordinator uses it (for the package's own readers)."""
+        return self._session
+
     # EngineHost: called by the engine on the coordinator thread
+
+    @property
+    def group_instance_id(self) -> str | None:
+        """This member's static identity (KIP-345), or None."""
+        return self._instance
 
     def protocols(self) -> Protocols:
         return _checked_protocols(self._handler.metadata())
@@ -125,7 +163,10 @@ class Coordinator(GroupMember, EngineHost):
             held = self._generation
         if not prepared:
             self._call("on_join_prepare", held.generation_id if held else -1, held.member_id if held else "")
-        return self.protocols()
+        protocols = self.protocols()
+        with self._cond:
+            self._joined_with, self._recheck_metadata = protocols, False
+        return protocols
 
     def assign(self, leader_id: str, protocol: str, members: Mapping[str, bytes]) -> dict[str, bytes] | None:
         try:
@@ -140,21 +181,16 @@ class Coordinator(GroupMember, EngineHost):
             unprepared = not self._prepared and self._generation is not None
         if unprepared:  # an engine may not skip the prepare; keep the guarantee regardless
             self.rejoin()
-        self._call(
-            "on_join_complete",
-            generation.generation_id,
-            generation.member_id,
-            generation.protocol_name,
-            assignment,
-        )
         with self._cond:
             self._generation = generation
-            self._prepared = False
-            self._cond.notify_all()
+            self._completing = (generation, assignment)
+            self._retry_delay = RETRY_FIRST
+        self._retry_completion()
 
     def lost(self) -> None:
         with self._cond:
             held, self._generation = self._generation, None
+            self._completing = None
             if held is not None:
                 self._prepared = True
         if held is not None:
@@ -175,9 +211,12 @@ class Coordinator(GroupMember, EngineHost):
         try:
             for state in self._take_states():
                 self._engine.session_state(state)
+            if self._completing is not None and not self._retry_completion():
+                return self._retry_delay
             if not self._registered:
                 self._engine.start()
                 self._registered = True
+            self._check_metadata()
             delay = self._engine.step()
         except FATAL as exc:
             self.fail(exc)
@@ -198,16 +237,54 @@ class Coordinator(GroupMember, EngineHost):
                 self._cond.notify_all()
 
     def _stable(self) -> Generation | None:
-        if self._prepared or self._generation is None or self._engine.rebalancing():
+        if (
+            self._prepared
+            or self._completing is not None
+            or self._generation is None
+            or self._engine.rebalancing()
+        ):
             return None
         return self._generation
 
-    def _call(self, name: str, *args: Any) -> None:
+    def _check_metadata(self) -> None:
+        with self._cond:
+            recheck, self._recheck_metadata = self._recheck_metadata, False
+            joined = self._joined_with
+        if recheck and joined is not None and self.protocols() != joined:
+            self.request_rejoin()
+
+    def _retry_completion(self) -> bool:
+        """Call the pending ``on_join_complete``; True once it returned (the generation is held)."""
+        with self._cond:
+            pending = self._completing
+        if pending is None:
+            return True
+        generation, assignment = pending
+        if not self._call(
+            "on_join_complete",
+            generation.generation_id,
+            generation.member_id,
+            generation.protocol_name,
+            assignment,
+        ):
+            with self._cond:
+                self._retry_delay = min(self._retry_delay * 2, RETRY_MAX)
+            return False
+        with self._cond:
+            self._completing = None
+            self._prepared = False
+            self._cond.notify_all()
+        return True
+
+    def _call(self, name: str, *args: Any) -> bool:
+        """Run the handler's callback ``name``; False (logged) if it raised."""
         callback: Callable[..., object] = getattr(self._handler, name)
         try:
             callback(*args)
         except Exception:
-            log.exception("%s of group %r raised; the protocol goes on", name, self.group)
+            log.exception("%s of group %r raised", name, self.group)
+            return False
+        return True
 
 
 def _checked_protocols(protocols: Any) -> Protocols:

@@ -23,6 +23,13 @@ Protocols = list[tuple[str, bytes]]
 class EngineHost(ABC):
     """The coordinator as its engine sees it."""
 
+    @property
+    @abstractmethod
+    def group_instance_id(self) -> str | None:
+        """The member's static identity (KIP-345 ``group.instance.id``), or None (dynamic). An
+        engine that supports static membership keeps a restarted member's assignment for the
+        session timeout and fences an older live member of the same instance."""
+
     @abstractmethod
     def protocols(self) -> Protocols:
         """The handler's current protocols and metadata (checked)."""

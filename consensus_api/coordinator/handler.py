@@ -3,7 +3,8 @@
 Every callback of one coordinator runs on that coordinator's own thread
 (``consensus-coordinator-<group>``), one at a time and in protocol order:
 never on a client library's I/O thread, never on the session's dispatcher
-thread. A callback that raises is logged; the protocol goes on.
+thread. A callback that raises is logged; the protocol goes on, except for
+``on_join_complete``, which is called again (same arguments) until it returns.
 
 The checks at the end turn what an application passes in (handlers,
 listeners, resource names, assignors) into ``ConsensusError`` subclasses
@@ -28,6 +29,14 @@ class Generation:
     generation_id: int
     member_id: str
     protocol_name: str
+
+    def has_member_id(self) -> bool:
+        """True if the group gave the member an id (Kafka's ``Generation.hasMemberId``)."""
+        return self.member_id != ""
+
+
+#: The generation of a member that holds none (Kafka's ``Generation.NO_GENERATION``).
+NO_GENERATION = Generation(-1, "", "")
 
 
 class CoordinatorHandler(Protocol):
@@ -54,7 +63,9 @@ class CoordinatorHandler(Protocol):
         ...
 
     def on_join_complete(self, generation: int, member_id: str, protocol: str, assignment: bytes) -> None:
-        """The member joined ``generation`` as ``member_id`` and received ``assignment``."""
+        """The member joined ``generation`` as ``member_id`` and received ``assignment``. If it
+        raises, it is called again with the same arguments (backing off) until it returns, before
+        anything else happens; the generation is not stable until then."""
         ...
 
     def on_leave_prepare(self) -> None:

@@ -17,6 +17,14 @@ member follows its own entry in the group state: it stops what it must revoke
 
 On session loss the member stops everything at once (``on_revoked``); it gets
 its resources back through the steward like any joiner.
+
+A static member (``group_instance_id``, KIP-345) has the member id
+``i-<instance>``: restarted within the session timeout it finds its entry and
+takes its resources back, nobody else disturbed. Each start claims the
+instance under ``instances/<instance>``; a member that sees another claim is
+fenced: it stops everything (``on_revoked``), leaves, and its
+``ensure_active_group`` raises ``FencedError``. ``update_resources`` changes
+the subscription: one new group epoch.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from consensus_api.coordinator.generic.loop import Mirror, store, value_mirror
 from consensus_api.coordinator.generic.reconcile import FENCED, STABLE, Ack, GroupState, MemberState
 from consensus_api.coordinator.generic.records import IncrementalLayout
 from consensus_api.coordinator.generic.seat import Seat
-from consensus_api.coordinator.generic.steward import Steward, publish_subscription
+from consensus_api.coordinator.generic.steward import Steward, publish_subscription, static_member_id
 from consensus_api.coordinator.handler import (
     ResourceListener,
     assignor_named,
@@ -40,6 +48,9 @@ from consensus_api.coordinator.handler import (
     resource_names,
 )
 from consensus_api.coordinator.member import GroupMember
+from consensus_api.coordinator.migration import Gate, classic_members_live
+from consensus_api.errors import FencedError
+from consensus_api.keys import check_segment
 from consensus_api.model import SessionState, ValueChanged
 from consensus_api.storage import Storage
 
@@ -65,15 +76,26 @@ class IncrementalCoordinator(GroupMember):
         *,
         assignor: str | Assignor = "sticky",
         rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> None:
         super().__init__(session, group, rebalance_timeout)
         self._storage = Storage(session)
         self.resources = resource_names(resources)
+        self._instance = (
+            None if group_instance_id is None else check_segment(group_instance_id, "instance id")
+        )
         check_resource_listener(listener)
         chosen = assignor_named(assignor)
         self._listener = listener
         self._layout = layout = IncrementalLayout(self.group)
-        self._id = f"m-{uuid.uuid4().hex}"
+        self._id = f"m-{uuid.uuid4().hex}" if self._instance is None else static_member_id(self._instance)
+        self._incarnation = uuid.uuid4().hex
+        self._claim: Mirror[ValueChanged] | None = None
+        if self._instance is not None:
+            self._claim = value_mirror(session, layout.instance(self._instance), self._thread.wake)
+        self._subscription: str | None = None  # the digest of an updated subscription
+        self._resubscribe = False
+        self._gate: Gate | None = None  # deferring to a migrating group's classic members
         self._owned: frozenset[str] = frozenset()
         self._entry: MemberState | None = None
         self._reconciled = False
@@ -106,6 +128,13 @@ class IncrementalCoordinator(GroupMember):
         with self._cond:
             return self._owned
 
+    def update_resources(self, resources: Iterable[str]) -> None:
+        """Subscribe to ``resources`` from now on (one new group epoch). Returns at once."""
+        checked = resource_names(resources)
+        with self._cond:
+            self.resources, self._resubscribe = checked, True
+        self._thread.wake()
+
     def __repr__(self) -> str:
         return f"<IncrementalCoordinator {self.group!r} {self._id} owns {len(self._owned)}>"
 
@@ -117,8 +146,15 @@ class IncrementalCoordinator(GroupMember):
                 self._set_owned(frozenset(), lost=True)
                 self._acked = None
                 self._seat.lost()
+        if self._fenced():
+            return IDLE
         if not self._seat.take(self._subscribe):
             return RETRY
+        gate = self._gate
+        if gate is not None and gate.due() and gate.set(classic_members_live(self._session, self.group)):
+            with self._cond:
+                self._resubscribe = True  # the classic members are gone: take part
+        self._publish_update()
         state = _decoded(self._state.event)
         entry = state.members.get(self._id) if state is not None else None
         if entry is None:
@@ -144,9 +180,47 @@ class IncrementalCoordinator(GroupMember):
         return self._entry.epoch if self._reconciled and self._entry is not None else None
 
     def _subscribe(self) -> bytes:
-        """Follow the group state and publish the subscription; the membership data naming it."""
+        """Claim the instance (static members), follow the group state and publish the
+        subscription; the membership data naming it."""
+        if self._claim is not None and self._instance is not None:
+            store(self._storage, self._layout.instance(self._instance), self._incarnation.encode())
+            self._claim.start()
         self._state.start()
-        return publish_subscription(self._storage, self._layout, self.resources)
+        if self._gate is None:  # the first join only: a member that took part never defers again
+            self._gate = Gate()
+            self._gate.set(classic_members_live(self._session, self.group))
+        resources = frozenset() if self._gate.closed else self.resources
+        return publish_subscription(self._storage, self._layout, resources)
+
+    def _fenced(self) -> bool:
+        """True (and the member stopped, told) once another start of this instance claimed it."""
+        event = self._claim.event if self._claim is not None else None
+        if event is None or event.value in (None, self._incarnation.encode()):
+            return False
+        self._set_owned(frozenset(), lost=True)
+        with self._cond:
+            self._error = FencedError(
+                f"FENCED_INSTANCE_ID: another member of incremental group {self.group!r} started "
+                f"with group_instance_id {self._instance!r}"
+            )
+            self._cond.notify_all()
+        self._thread.stop(0)
+        return True
+
+    def _publish_update(self) -> None:
+        """After ``update_resources``: store the new subscription, name it in an acknowledgement."""
+        with self._cond:
+            resubscribe, self._resubscribe = self._resubscribe, False
+            resources = self.resources
+        if not resubscribe:
+            return
+        self._subscription = publish_subscription(self._storage, self._layout, resources).decode()
+        last = self._acked
+        with self._cond:
+            owned = self._owned
+        ack = Ack(last.seq if last is not None else 0, owned, self._subscription)
+        store(self._storage, self._layout.ack(self._id), ack.encode())
+        self._acked = ack
 
     def _set_owned(self, wanted: frozenset[str], *, lost: bool = False) -> None:
         """Stop what is owned but not wanted, then start what is wanted but not owned."""
@@ -170,12 +244,14 @@ class IncrementalCoordinator(GroupMember):
             return
         if last is not None and last.owned == owned and not entry.revoking and entry.state != FENCED:
             return  # nothing the steward waits for
-        ack = Ack(entry.seq, owned)
+        ack = Ack(entry.seq, owned, self._subscription)
         store(self._storage, self._layout.ack(self._id), ack.encode())
         self._acked = ack
 
     def _finish(self) -> None:
         self._set_owned(frozenset(), lost=True)
+        if self._claim is not None:
+            self._claim.stop()
         self._state.stop()
         self._seat.close()
 

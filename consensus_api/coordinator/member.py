@@ -74,7 +74,7 @@ class GroupMember(Closing):
         )
         deadline = time.monotonic() + _positive(bound, bound)
         if self._thread.stopping:
-            raise self._closed()
+            raise self._error or self._closed()
         self._thread.start()
         with self._cond:
             while True:

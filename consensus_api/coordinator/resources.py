@@ -8,7 +8,10 @@ generation). The group uses the most preferred assignor every member supports.
 
 * Eager (any assignor not cooperative): ``on_join_prepare`` revokes
   everything; the generation barrier guarantees nobody starts a resource
-  before its previous owner stopped it.
+  before its previous owner stopped it. Even when the group picks a
+  cooperative assignor (``["cooperative-sticky", "range"]``, the first bounce
+  of KIP-429's upgrade), the member claims to own nothing, so nothing is
+  withheld from its new owner.
 * Cooperative (every assignor cooperative, e.g. ``cooperative-sticky``): a
   member keeps what it owns across a rebalance and only revokes what moves
   away; resources it revokes reach their new owner in the follow-up round it
@@ -20,6 +23,7 @@ Listener callbacks run on the coordinator thread.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,7 +35,8 @@ from consensus_api.coordinator.handler import (
     check_resource_listener,
     resource_names,
 )
-from consensus_api.errors import ConfigurationError
+from consensus_api.coordinator.migration import POLL, incremental_holders_live
+from consensus_api.errors import ConfigurationError, ConsensusError
 
 if TYPE_CHECKING:
     from consensus_api.coordinator.core import Coordinator
@@ -50,6 +55,7 @@ class CoordinatorFactory(Protocol):
         handler: CoordinatorHandler,
         *,
         rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> Coordinator: ...
 
 
@@ -59,6 +65,7 @@ def encode_subscription(subscription: Subscription) -> bytes:
             "resources": sorted(subscription.resources),
             "owned": sorted(subscription.owned),
             "generation": subscription.generation,
+            "previous": sorted(subscription.previous),
         }
     ).encode()
 
@@ -70,6 +77,7 @@ def decode_subscription(raw: bytes) -> Subscription:
             frozenset(str(r) for r in data["resources"]),
             frozenset(str(r) for r in data["owned"]),
             int(data["generation"]),
+            frozenset(str(r) for r in data.get("previous", ())),
         )
     except (ValueError, KeyError, TypeError):
         return Subscription(frozenset())
@@ -97,15 +105,34 @@ class ResourceHandler:
         self._last: frozenset[str] = frozenset()
         self._generation = -1
         self._coordinator: Coordinator | None = None
+        self._gated = threading.Event()  # deferring to incremental members (coordinator.migration)
+        self._left = threading.Event()
 
     def join(
-        self, session: CoordinatorFactory, group: str, *, rebalance_timeout: float | None = None
+        self,
+        session: CoordinatorFactory,
+        group: str,
+        *,
+        rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> Coordinator:
-        """The coordinator of this handler in ``group``; call its ``ensure_active_group`` to join."""
+        """The coordinator of this handler in ``group`` (static with a ``group_instance_id``); call
+        its ``ensure_active_group`` to join."""
         self._coordinator = session.coordinator(
-            group, PROTOCOL_TYPE, self, rebalance_timeout=rebalance_timeout
+            group,
+            PROTOCOL_TYPE,
+            self,
+            rebalance_timeout=rebalance_timeout,
+            group_instance_id=group_instance_id,
         )
         return self._coordinator
+
+    def update_resources(self, resources: Iterable[str]) -> None:
+        """Subscribe to ``resources`` from now on: one rebalance (``Coordinator.update_metadata``).
+        Cooperatively, what is owned but no longer subscribed is revoked before the rejoin."""
+        self.resources = resource_names(resources)
+        if self._coordinator is not None:
+            self._coordinator.update_metadata()
 
     @property
     def owned(self) -> frozenset[str]:
@@ -115,15 +142,17 @@ class ResourceHandler:
     # CoordinatorHandler
 
     def metadata(self) -> list[tuple[str, bytes]]:
-        claimed = (
-            self._owned if self.cooperative else self._last
-        )  # eager: the last assignment, for stickiness
-        subscription = encode_subscription(Subscription(self.resources, claimed, self._generation))
+        # What it still holds (nothing, eagerly: on_join_prepare revoked it), and the last
+        # assignment for stickiness only: a cooperative assignor withholds just the former.
+        # A member deferring to a migrating group's incremental members subscribes to nothing.
+        resources = frozenset() if self._defers() else self.resources
+        subscription = encode_subscription(Subscription(resources, self._owned, self._generation, self._last))
         return [(assignor.name, subscription) for assignor in self.assignors]
 
     def on_join_prepare(self, generation: int, member_id: str) -> None:
         if generation < 0 or not self.cooperative:
             self._revoke(self._owned)
+        self._revoke(self._owned - self.resources)  # no longer subscribed (update_resources)
         if generation < 0:
             self._generation = -1
 
@@ -136,7 +165,7 @@ class ResourceHandler:
         return {member: _encode_assignment(result.get(member, frozenset())) for member in members}
 
     def on_join_complete(self, generation: int, member_id: str, protocol: str, assignment: bytes) -> None:
-        given = _decode_assignment(assignment) & self.resources
+        given = decode_assignment(assignment) & self.resources
         revoked = self._owned - given
         self._revoke(revoked)
         added = given - self._owned
@@ -149,7 +178,39 @@ class ResourceHandler:
             self._coordinator.request_rejoin()  # the follow-up round hands them over
 
     def on_leave_prepare(self) -> None:
+        self._left.set()
         self._revoke(self._owned)
+
+    def _defers(self) -> bool:
+        """True while a live incremental member of the group holds resources (checked now); then a
+        thread watches for that to end and asks for a rejoin."""
+        coordinator = self._coordinator
+        if coordinator is None:
+            return False
+        try:
+            defers = incremental_holders_live(coordinator.session_port, coordinator.group)
+        except ConsensusError:
+            defers = True  # unknown: defer, and look again
+        if defers and not self._gated.is_set():
+            self._gated.set()
+            threading.Thread(
+                target=self._await_gate,
+                args=(coordinator,),
+                name=f"consensus-gate-{coordinator.group}",
+                daemon=True,
+            ).start()
+        return defers
+
+    def _await_gate(self, coordinator: Coordinator) -> None:
+        while not self._left.wait(POLL):
+            try:
+                if incremental_holders_live(coordinator.session_port, coordinator.group):
+                    continue
+            except ConsensusError:
+                continue
+            self._gated.clear()
+            coordinator.update_metadata()
+            return
 
     def _revoke(self, resources: frozenset[str]) -> None:
         if resources:
@@ -161,7 +222,7 @@ def _encode_assignment(resources: frozenset[str]) -> bytes:
     return json.dumps({"resources": sorted(resources)}).encode()
 
 
-def _decode_assignment(raw: bytes) -> frozenset[str]:
+def decode_assignment(raw: bytes) -> frozenset[str]:
     try:
         data: Any = json.loads(raw)
         return frozenset(str(r) for r in data["resources"])

@@ -38,7 +38,8 @@ from consensus_api.testing import SERVER_NAMES, STORE_NAMES, DatabaseFile, requi
 if TYPE_CHECKING:
     from consensus_api.testing import ServerHandle
 
-CLIENT_MODULE = "consensus_api.history.client"
+#: The client process of each workload: storage, elections and groups; or a resource group.
+WORKLOADS = {"storage": "consensus_api.history.client", "coordinator": "consensus_api.history.ownership"}
 STOP_TIMEOUT_MARGIN = 5.0
 READY_TIMEOUT = 60.0
 EXPIRE_TIMEOUT = 10.0
@@ -62,6 +63,7 @@ class ChaosOptions:
     key_period: float = 2.0
     fault_interval: float = 2.0
     think: float = 0.005
+    workload: str = "storage"
     seed: int = field(default_factory=lambda: secrets.randbelow(2**31))
 
     def validate(self) -> None:
@@ -71,6 +73,10 @@ class ChaosOptions:
         if self.server is not None and self.server not in STORE_NAMES:
             raise ConfigurationError(
                 f"unknown server {self.server!r}; expected one of {', '.join(STORE_NAMES)}"
+            )
+        if self.workload not in WORKLOADS:
+            raise ConfigurationError(
+                f"unknown workload {self.workload!r}; expected one of {', '.join(WORKLOADS)}"
             )
         unknown = self.faults - set(FAULTS)
         if unknown:
@@ -82,7 +88,7 @@ class ChaosOptions:
         if self.faults & SERVER_FAULTS and self.server not in SERVER_NAMES:
             raise ConfigurationError("--faults restart needs a server this command controls: --server NAME")
         teams = -(-self.clients // TEAM_SIZE)
-        if self.keys < teams:
+        if self.workload == "storage" and self.keys < teams:
             raise ConfigurationError(
                 f"--keys must be at least {teams} so that at most {TEAM_SIZE} clients share a key"
             )
@@ -144,7 +150,8 @@ def _client_args(options: ChaosOptions, run: str) -> list[str]:
         "think": options.think,
         "lifetime": lifetime,
     }
-    return [sys.executable, "-m", CLIENT_MODULE, *(p for k, v in flags.items() for p in (f"--{k}", str(v)))]
+    module = WORKLOADS[options.workload]
+    return [sys.executable, "-m", module, *(p for k, v in flags.items() for p in (f"--{k}", str(v)))]
 
 
 def _drive(options: ChaosOptions, clients: Clients, nemesis: Nemesis, progress: Progress | None) -> None:

@@ -31,6 +31,10 @@ ELECTION: Final = "election"
 GROUP: Final = "group"
 SESSION: Final = "session"
 NEMESIS: Final = "nemesis"
+#: The coordinator workload's ownership events (``consensus_api.history.ownership``): ``f`` is
+#: subscribed / assigned / revoked / final; ``key`` the resource, ``value`` the member id, ``term``
+#: the generation, ``members`` the resources (subscribed, final).
+COORDINATOR: Final = "coordinator"
 
 # Operations (``f``): kv fetch/put/update/delete, these election ops, group join/leave/members.
 ELECTION_OPS: Final = frozenset({"nominate", "resign", "leadership"})

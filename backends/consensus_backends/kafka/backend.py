@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from consensus_api.backend import Backend, BackendEvents, Target, TargetKind
 from consensus_api.config import BackendURL, OptionParser, Options
+from consensus_api.coordinator.describe import GroupDescription, classic_mode, member
 from consensus_api.errors import (
     FencedError,
     KeyExistsError,
@@ -36,7 +37,7 @@ from consensus_backends.kafka import settings as kafka_settings
 from consensus_backends.kafka.channel import Channel
 from consensus_backends.kafka.commandlog import CommandLog
 from consensus_backends.kafka.driver import Driver, Worker
-from consensus_backends.kafka.errors import unavailable
+from consensus_backends.kafka.errors import translate, unavailable
 from consensus_backends.kafka.groups import Groups
 from consensus_backends.kafka.records import Command, Op
 from consensus_backends.kafka.state import Outcome, Result, StateMachine
@@ -190,6 +191,31 @@ class KafkaBackend(Backend):
             protocol_type=protocol_type,
             host=host,
             rebalance_timeout=rebalance_timeout,
+        )
+
+    def describe_coordinator_group(self, group: str) -> GroupDescription | None:
+        """The broker's view of the Coordinator group (DescribeGroups; no generation id in it)."""
+        if self._kafka is None or self._channel is None:
+            raise SessionLostError("the Kafka backend is not open")
+        group_id = f"{self._kafka.prefix}.coordinator.{group}"
+        deadline = time.monotonic() + self._kafka.request_timeout
+        try:
+            view = self._channel.describe([group_id], deadline)[group_id]
+        except Exception as exc:
+            raise translate(exc, f"describing Kafka group {group_id!r}") from None
+        protocol = view.protocol or None
+        members = tuple(
+            member(
+                member_id,
+                view.protocol_type,
+                assignment if protocol else None,
+                instance_id=view.instances.get(member_id),
+            )
+            for member_id, (_, assignment) in sorted(view.members.items())
+        )
+        mode = classic_mode(view.protocol_type, protocol) if members else "empty"
+        return GroupDescription(
+            group, mode, view.state.lower(), None, protocol, view.protocol_type or None, members
         )
 
     # Watches

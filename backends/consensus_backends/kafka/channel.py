@@ -39,11 +39,15 @@ GONE = ("Empty", "Dead")
 
 @dataclass(frozen=True, slots=True)
 class GroupView:
-    """One DescribeGroups answer: ``members`` maps member ids to (metadata, assignment)."""
+    """One DescribeGroups answer: ``members`` maps member ids to (metadata, assignment);
+    ``protocol`` is the chosen protocol (stable groups only), ``instances`` the static members'
+    ``group.instance.id``."""
 
     state: str
     protocol_type: str = ""
     members: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)
+    protocol: str = ""
+    instances: dict[str, str] = field(default_factory=dict)
 
 
 class Channel:
@@ -278,7 +282,9 @@ class Channel:
             m.member_id: (bytes(m.member_metadata or b""), bytes(m.member_assignment or b""))
             for m in group.members
         }
-        return GroupView(group.group_state, group.protocol_type or "", members)
+        instances = {m.member_id: m.group_instance_id for m in group.members if m.group_instance_id}
+        protocol = group.protocol_data or ""
+        return GroupView(group.group_state, group.protocol_type or "", members, protocol, instances)
 
     async def _leave(self, group_id: str, member_ids: list[str]) -> None:
         identity = LeaveGroupRequest.MemberIdentity

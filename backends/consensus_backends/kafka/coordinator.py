@@ -30,7 +30,7 @@ from kafka.structs import MemberState
 
 from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost, Protocols
 from consensus_api.coordinator.handler import Generation
-from consensus_api.errors import InconsistentGroupProtocolError
+from consensus_api.errors import FencedError, InconsistentGroupProtocolError
 from consensus_api.model import SessionState
 from consensus_backends.kafka.channel import Channel
 from consensus_backends.kafka.errors import translate
@@ -117,7 +117,16 @@ class CoordinatorMember(Member):
         wait: float,
     ) -> None:
         hooks = _Hooks(host)
-        super().__init__(settings, api_version, group_id, name=group_id, own_id="", data=b"", hooks=hooks)
+        super().__init__(
+            settings,
+            api_version,
+            group_id,
+            name=group_id,
+            own_id="",
+            data=b"",
+            hooks=hooks,
+            group_instance_id=host.group_instance_id,
+        )
         self._type = protocol_type
         self._inbox = inbox
         self._wait = wait
@@ -154,6 +163,14 @@ class CoordinatorMember(Member):
     def reset_generation(self, member_id: str = UNKNOWN_MEMBER_ID) -> None:
         super().reset_generation(member_id)
         self._inbox.post("lost")
+
+    async def _send_heartbeat_request(self) -> None:
+        try:
+            await super()._send_heartbeat_request()
+        except kerrors.FencedInstanceIdError as exc:  # kafka-python only stops heartbeating
+            self.fatal = exc
+            self._hooks.wake()
+            raise
 
 
 class KafkaEngine(CoordinatorEngine):
@@ -208,7 +225,15 @@ class KafkaEngine(CoordinatorEngine):
         member.drive()
         fatal = member.fatal
         if fatal is not None:
-            if isinstance(fatal, kerrors.InconsistentGroupProtocolError):
+            if isinstance(fatal, kerrors.FencedInstanceIdError):
+                self._host.lost()
+                self._host.fail(
+                    FencedError(
+                        f"FENCED_INSTANCE_ID: another member of Kafka group {self._group_id!r} started "
+                        f"with group_instance_id {self._host.group_instance_id!r}"
+                    )
+                )
+            elif isinstance(fatal, kerrors.InconsistentGroupProtocolError):
                 self._host.fail(
                     InconsistentGroupProtocolError(
                         f"Kafka group {self._group_id!r} uses another protocol type or none of this member's"

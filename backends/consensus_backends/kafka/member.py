@@ -74,11 +74,13 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         data: bytes,
         hooks: Hooks,
         lease_view: Callable[[], LeaseView] | None = None,
+        group_instance_id: str | None = None,
     ) -> None:
         self.client = KafkaNetClient(**settings.client())
         super().__init__(
             self.client,
             group_id=group_id,
+            group_instance_id=group_instance_id,
             session_timeout_ms=settings.session_ms,
             heartbeat_interval_ms=settings.heartbeat_ms,
             max_poll_interval_ms=settings.rebalance_ms,
@@ -159,14 +161,16 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
             self.request_rejoin()
 
     def stop(self, channel: Channel, deadline: float) -> bool:
-        """Leave the group (LeaveGroup on the backend's own connection) and close; True if confirmed."""
+        """Leave the group (LeaveGroup on the backend's own connection) and close; True if confirmed.
+        A static member (``group_instance_id``) does not leave: the broker keeps its place for the
+        session timeout, as KIP-345 has it."""
         self.stopping = True
         try:
             self._close_heartbeat()
         except RuntimeError:  # the client is already closed
             return self.lost
         kafka_id = self.kafka_id
-        left = not kafka_id or self.lost
+        left = not kafka_id or self.lost or not self.is_dynamic_member()
         try:
             if not left:
                 channel.leave(self.group_id, [kafka_id], deadline)

@@ -17,6 +17,10 @@ compared with the record's version, so a deposed arbiter changes nothing):
 * ``syncing`` -> ``stable`` once the leader's assignment is stored; the record
   names its version. A member leaving, or the leader not assigning within
   ``rebalance_timeout``, starts a new generation instead.
+
+Static members (KIP-345) are sorted out first (:mod:`.static`): a restarted
+one replaces its predecessor without a rebalance, a duplicate fences the
+older, a gone one is kept for the session timeout.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from consensus_api.coordinator.generic.records import (
     Layout,
     decode_offer,
 )
+from consensus_api.coordinator.generic.static import StaticMembers, StaticView, replace
 from consensus_api.errors import ConsensusError, KeyNotFoundError
 from consensus_api.model import KeySetChanged, Leadership, MembershipChanged, ValueChanged
 
@@ -74,6 +79,8 @@ class Arbiter(ElectedRunner[GenerationRecord]):
         self._assignment: tuple[str, Mirror[ValueChanged]] | None = None
         self._round: tuple[int, str, float] = (-1, "", 0.0)
         self._timed_out: set[str] = set()
+        self._statics = StaticMembers(session.settings.session_timeout)
+        self._view = StaticView(frozenset(), (), {}, (), {})
 
     # The arbiter thread
 
@@ -87,17 +94,23 @@ class Arbiter(ElectedRunner[GenerationRecord]):
         if record is None:
             self._write(leadership, GenerationRecord(0, STABLE), version)
             return 0.0
-        live = {member: decode_offer(data) for member, data in members.members.items()}
+        offers = {member: decode_offer(data) for member, data in members.members.items()}
+        self._view = view = self._statics.view(record, offers, time.monotonic())
+        if record.state != SYNCING and (view.replaced or set(view.fenced) - set(record.fenced)):
+            self._write(leadership, replace(record, view), version)
+            return 0.0
+        live = {member: offer for member, offer in offers.items() if member in view.live}
         order = [m for m in record.members if m in live]
         order += [self._own] if self._own in live and self._own not in order else []
         order += sorted(m for m in live if m not in order)
         accepted, rejected = admit(order, live)
+        accepted += [m for m in view.kept if m not in accepted]
         turn = _Turn(leadership, record, version, accepted, rejected)
         if record.state == STABLE:
             return self._stable(turn)
         if record.state == PREPARING:
             return self._preparing(turn)
-        return self._syncing(turn, live=set(live))
+        return self._syncing(turn, live={*live, *view.kept})
 
     def _stable(self, turn: _Turn) -> float:
         record = turn.record
@@ -199,7 +212,13 @@ class Arbiter(ElectedRunner[GenerationRecord]):
     # Helpers
 
     def _commit(self, turn: _Turn, new: GenerationRecord) -> None:
-        """Replace the record ``turn`` decided on with ``new`` (fenced, compared with its version)."""
+        """Replace the record ``turn`` decided on with ``new`` (fenced, compared with its version),
+        naming the static members among its members and the fenced members still live."""
+        statics = {m: i for m, i in self._view.statics.items() if m in new.members}
+        done, was = new.completed, turn.record.completed
+        same = done is not None and was is not None and done.generation == was.generation
+        aliases = turn.record.aliases if same else {}
+        new = dataclasses.replace(new, statics=statics, aliases=aliases, fenced=self._view.fenced)
         self._write(turn.lead, new, turn.version)
 
     def _remaining(self, generation: int, state: str) -> float:

@@ -46,7 +46,7 @@ from consensus_api.coordinator.generic.records import (
 )
 from consensus_api.coordinator.generic.seat import Seat
 from consensus_api.coordinator.handler import Generation
-from consensus_api.errors import InconsistentGroupProtocolError, KeyNotFoundError
+from consensus_api.errors import FencedError, InconsistentGroupProtocolError, KeyNotFoundError
 from consensus_api.membership import GroupMembership
 from consensus_api.model import SessionState, ValueChanged
 from consensus_api.storage import Storage
@@ -100,7 +100,8 @@ class GenericEngine(CoordinatorEngine):
             self._rejoin_requested = True
 
     def start(self) -> None:
-        offer = Offer(self._protocol_type, tuple(name for name, _ in self._host.protocols()))
+        names = tuple(name for name, _ in self._host.protocols())
+        offer = Offer(self._protocol_type, names, self._host.group_instance_id)
         others = [decode_offer(data) for member, data in self._membership.membership().items()]
         if not compatible(offer, [o if o is not None else Offer("", ()) for o in others]):
             raise InconsistentGroupProtocolError(
@@ -129,10 +130,20 @@ class GenericEngine(CoordinatorEngine):
                 )
             )
             return IDLE
+        if record is not None and self._id in record.fenced:
+            self._host.lost()
+            self._host.fail(
+                FencedError(
+                    f"FENCED_INSTANCE_ID: another member of group {self._layout.group!r} started "
+                    f"with group_instance_id {self._host.group_instance_id!r}"
+                )
+            )
+            return IDLE
         if record is not None and record.generation < self._held:
             self._host.lost()  # the group's records were reset: nothing held is valid
             self._held = self._joined = -1
         self._lead_assignment(record)
+        self._take_over(record)
         if self._complete(record):
             return 0.0
         target = self._join_target(record)
@@ -160,6 +171,9 @@ class GenericEngine(CoordinatorEngine):
         """The generation to join now, or None if the member is where it should be."""
         if record is None:
             return 1
+        instance = self._host.group_instance_id
+        if instance is not None and self._id not in record.members and instance in record.statics.values():
+            return None  # a restarted static member: the arbiter replaces its predecessor
         with self._lock:
             rejoin = self._rejoin_requested
         done = record.completed
@@ -184,6 +198,16 @@ class GenericEngine(CoordinatorEngine):
         self._joined = target
         with self._lock:
             self._rejoin_requested = False
+
+    def _take_over(self, record: GenerationRecord | None) -> None:
+        """A static member that replaced its predecessor in a stable generation completes that
+        generation (with the predecessor's assignment) instead of joining a new one."""
+        done = record.completed if record is not None else None
+        if record is None or done is None or self._id not in record.aliases:
+            return
+        if record.state == STABLE and done.generation == record.generation > self._joined:
+            self._host.rejoin()
+            self._joined = done.generation
 
     def _lead_assignment(self, record: GenerationRecord | None) -> None:
         if record is None or record.state != SYNCING or record.leader != self._id:
@@ -221,8 +245,9 @@ class GenericEngine(CoordinatorEngine):
         assignment = AssignmentRecord.decode(stored.value)
         if assignment is None:
             raise KeyNotFoundError(f"the assignment of generation {done.generation} is unreadable")
+        holder = record.aliases.get(self._id, self._id) if record is not None else self._id
         generation = Generation(done.generation, self._id, done.protocol)
-        self._host.complete(generation, assignment.assignments.get(self._id, b""))
+        self._host.complete(generation, assignment.assignments.get(holder, b""))
         self._held = done.generation
         return True
 

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """What a member offers: its protocol type and protocol names, most preferred first."""
+    """What a member offers: its protocol type and protocol names, most preferred first, and its
+    static identity (KIP-345 ``group.instance.id``) if it has one."""
 
     protocol_type: str
     protocols: tuple[str, ...]
+    instance: str | None = None
 
 
 def compatible(offer: Offer, members: Iterable[Offer]) -> bool:

@@ -55,20 +55,30 @@ class MemberState:
 
 @dataclass(frozen=True, slots=True)
 class Ack:
-    """A member's acknowledgement: after applying its entry at ``seq``, it owns ``owned``."""
+    """A member's acknowledgement: after applying its entry at ``seq``, it owns ``owned``; and the
+    digest of its subscription if it changed since it joined (``update_resources``)."""
 
     seq: int
     owned: frozenset[str]
+    subscription: str | None = None
 
     def encode(self) -> bytes:
-        return json.dumps({"seq": self.seq, "owned": sorted(self.owned)}).encode()
+        data: dict[str, Any] = {"seq": self.seq, "owned": sorted(self.owned)}
+        if self.subscription is not None:
+            data["subscription"] = self.subscription
+        return json.dumps(data).encode()
 
     @staticmethod
     def decode(raw: bytes | None) -> Ack | None:
         try:
             data: Any = json.loads(raw or b"")
-            return Ack(int(data["seq"]), frozenset(str(r) for r in data["owned"]))
-        except (ValueError, KeyError, TypeError):
+            subscription = data.get("subscription")
+            return Ack(
+                int(data["seq"]),
+                frozenset(str(r) for r in data["owned"]),
+                None if subscription is None else str(subscription),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
 

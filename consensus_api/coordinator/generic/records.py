@@ -69,13 +69,17 @@ class Layout:
 
 def encode_offer(offer: Offer) -> bytes:
     """Membership data: the protocol type and names a member offers."""
-    return _dump({"type": offer.protocol_type, "protocols": list(offer.protocols)})
+    data: dict[str, Any] = {"type": offer.protocol_type, "protocols": list(offer.protocols)}
+    if offer.instance is not None:
+        data["instance"] = offer.instance
+    return _dump(data)
 
 
 def decode_offer(raw: bytes) -> Offer | None:
     data = _load(raw)
     try:
-        return Offer(str(data["type"]), tuple(str(p) for p in data["protocols"]))
+        instance = _optional(data.get("instance"), str)
+        return Offer(str(data["type"]), tuple(str(p) for p in data["protocols"]), instance)
     except (KeyError, TypeError):
         return None
 
@@ -121,6 +125,11 @@ class GenerationRecord:
     ``stable``: the assignment is out. ``completed`` is the newest generation whose
     assignment is out (this one when stable), so a member that joined it completes
     it even after the next rebalance began.
+
+    Static membership (KIP-345): ``statics`` maps each static member to its
+    instance id; ``aliases`` maps a static member that replaced an earlier one
+    of its instance to the member id its completed assignment is stored under;
+    ``fenced`` names members replaced while still live (they stop, told).
     """
 
     generation: int
@@ -130,6 +139,9 @@ class GenerationRecord:
     protocol: str | None = None
     leader: str | None = None
     completed: Completed | None = None
+    statics: dict[str, str] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+    fenced: tuple[str, ...] = ()
 
     def encode(self) -> bytes:
         done = self.completed
@@ -144,6 +156,9 @@ class GenerationRecord:
                 "completed": None
                 if done is None
                 else [done.generation, list(done.members), done.protocol, done.leader, done.assignment],
+                "statics": self.statics,
+                "aliases": self.aliases,
+                "fenced": list(self.fenced),
             }
         )
 
@@ -170,8 +185,11 @@ class GenerationRecord:
                 protocol=_optional(data["protocol"], str),
                 leader=_optional(data["leader"], str),
                 completed=completed,
+                statics={str(m): str(i) for m, i in data.get("statics", {}).items()},
+                aliases={str(m): str(a) for m, a in data.get("aliases", {}).items()},
+                fenced=tuple(str(m) for m in data.get("fenced", ())),
             )
-        except (KeyError, TypeError, ValueError, IndexError):
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             return None
 
 
@@ -241,3 +259,7 @@ class IncrementalLayout:
 
     def subscription(self, digest: str) -> str:
         return f"{self.root}/subscriptions/{digest}"
+
+    def instance(self, instance: str) -> str:
+        """The claim of a static member's instance: the incarnation that started last."""
+        return f"{self.root}/instances/{instance}"

@@ -4,7 +4,11 @@ the group's election, on its own thread.
 It keeps the group state blob (:mod:`reconcile`) at ``<root>/state``: it
 watches the membership (member data = the digest of its subscription), every member's
 acknowledgement ``<root>/owned/<member>``, and re-runs :func:`reconcile` after
-every change. Each write replaces the whole blob, compared with its version
+every change. A member's subscription is the one its membership data names,
+or the newer one its acknowledgement names (``update_resources``). A static
+member (id ``i-<instance>``) that is gone stays in the group for the
+steward's session timeout, holding its entry, so a restart within it
+disturbs nobody. Each write replaces the whole blob, compared with its version
 and fenced by the steward's leadership, so member entries and ownership change
 together and a deposed steward changes nothing. A member that does not
 acknowledge a revocation within ``rebalance_timeout`` is fenced. Members that
@@ -56,6 +60,8 @@ class Steward(ElectedRunner[GroupState]):
         self._acks: dict[str, Mirror[ValueChanged]] = {}
         self._unrevoked: dict[str, tuple[int, float]] = {}
         self._subscriptions: dict[str, frozenset[str]] = {}
+        self._grace = session.settings.session_timeout
+        self._gone_since: dict[str, float] = {}
 
     def _decide(
         self,
@@ -64,14 +70,19 @@ class Steward(ElectedRunner[GroupState]):
         state: GroupState | None,
         version: int | None,
     ) -> float:
+        now = time.monotonic()
         live = {
             m: resources
             for m, data in members.members.items()
-            if (resources := self._subscription(data)) is not None
+            if (resources := self._subscription(data.decode(errors="replace"))) is not None
         }
+        self._keep_static(live, state, now)
         self._follow_acks(set(live) | set(state.members if state else ()))
         acks = {m: ack for m, mirror in self._acks.items() if (ack := _ack(mirror)) is not None}
-        now = time.monotonic()
+        for member, ack in acks.items():
+            updated = self._subscription(ack.subscription) if ack.subscription else None
+            if member in live and updated is not None:
+                live[member] = updated
         expired = [m for m, (_, since) in self._unrevoked.items() if now - since > self._timeout]
         current = state if state is not None else GroupState()
         new = reconcile(current, live, acks, expired, self._assignor)
@@ -85,11 +96,21 @@ class Steward(ElectedRunner[GroupState]):
             self._write(leadership, new, version)
             self._forget_departed(current, new)
         deadlines = [since + self._timeout - now for _, since in self._unrevoked.values()]
+        deadlines += [since + self._grace - now for since in self._gone_since.values()]
         return max(0.01, min([IDLE, *deadlines]))
 
-    def _subscription(self, data: bytes) -> frozenset[str] | None:
-        """The subscription a member's data names (read once per digest); None if unreadable."""
-        fingerprint = data.decode(errors="replace")
+    def _keep_static(self, live: dict[str, frozenset[str]], state: GroupState | None, now: float) -> None:
+        """Add to ``live`` the gone static members still within the grace period."""
+        gone = [m for m in (state.members if state else ()) if is_static(m) and m not in live]
+        self._gone_since = {m: self._gone_since.get(m, now) for m in gone}
+        for member in gone:
+            assert state is not None
+            resources = self._subscription(state.subscriptions.get(member, ""))
+            if now - self._gone_since[member] < self._grace and resources is not None:
+                live[member] = resources
+
+    def _subscription(self, fingerprint: str) -> frozenset[str] | None:
+        """The subscription stored under ``fingerprint`` (read once per digest); None if unreadable."""
         if fingerprint not in self._subscriptions:
             stored = self._storage.fetch(self._layout.subscription(fingerprint))
             try:
@@ -123,6 +144,15 @@ class Steward(ElectedRunner[GroupState]):
             mirror.stop()
         self._acks = {}
         self._unrevoked = {}
+
+
+def static_member_id(instance: str) -> str:
+    """The member id of the static member ``instance`` (dynamic ids start with ``m-``)."""
+    return f"i-{instance}"
+
+
+def is_static(member: str) -> bool:
+    return member.startswith("i-")
 
 
 def _ack(mirror: Mirror[ValueChanged]) -> Ack | None:
