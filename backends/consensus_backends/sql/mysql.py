@@ -33,6 +33,9 @@ RETRYABLE_ERRORS = {1205, 1213}
 DEFAULT_PORT = 3306
 #: Seconds past ``request_timeout`` after which a read or write of a connection is given up.
 IO_SLACK = 1.0
+#: The server status flag "a transaction is open" (``pymysql.constants.SERVER_STATUS``), kept by
+#: PyMySQL from every OK packet.
+SERVER_STATUS_IN_TRANS = 1
 
 #: The deadline of the current call and the least time a connection may begin with (``engine``).
 CallBound = Callable[[], "tuple[float, float] | None"]
@@ -80,7 +83,21 @@ def create(url: BackendURL, settings: Options, stall: float, call_bound: CallBou
         pool_size=8,
         max_overflow=24,
         pool_timeout=settings.request_timeout,
+        pool_reset_on_return=None,  # see _end_open_transaction
     )
+
+    @event.listens_for(engine, "reset")
+    def _end_open_transaction(dbapi_connection: Any, _record: Any, _state: Any) -> None:
+        """Roll back a returned connection's transaction only if the server reports one open.
+
+        PyMySQL sends ROLLBACK whether or not a transaction is open, and every call
+        here ends its own transaction; an unconditional ROLLBACK to a paused server
+        held a finished call past its deadline (the pool resets on return, in the
+        caller's thread).
+        """
+        if dbapi_connection.server_status & SERVER_STATUS_IN_TRANS:
+            dbapi_connection.rollback()
+
     settings_sql = {
         True: session_settings(settings, stall, True),
         False: session_settings(settings, stall, False),
