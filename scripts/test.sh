@@ -22,6 +22,7 @@ backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka po
 # On secured servers: the security section plus the contract's core over TLS with auth (the whole suite
 # passes there too; `consensus servers run NAME --secure -- consensus conformance '$CONSENSUS_URL'`).
 secure_select=${CONSENSUS_SECURE_SELECT:-test_security or test_storage or test_session or test_errors}
+plain=$(for b in $backends; do [ "${b%%:*}" = "$b" ] && printf '%s ' "$b"; done)   # tooz and chaos run there
 chaos_seconds=${CONSENSUS_CHAOS_SECONDS:-30}
 status=0
 started=$SECONDS
@@ -50,17 +51,15 @@ wait
 phase "own tests"
 pytest -q -p no:cacheprovider --junitxml="$out/own.xml" tests >"$out/own.log" 2>&1
 
-phase "tooz's own suite, unmodified, through our tooz driver on: $backends"
-for b in $backends; do
-    [ "${b%%:*}" = "$b" ] || continue   # on the plain servers
+phase "tooz's own suite, unmodified, through our tooz driver on: $plain"
+for b in $plain; do
     consensus servers run "$b" -- bash -c "TOOZ_TEST_URL='consensus+'\"\$CONSENSUS_URL\" \
         pytest -q -p no:cacheprovider --junitxml='$out/tooz-$b.xml' --pyargs tooz.tests.test_coordination" \
         >"$out/tooz-$b.log" 2>&1
 done
 
-phase "${chaos_seconds} s chaos runs on: $backends, then one Spark check of every history"
-for b in $backends; do
-    [ "${b%%:*}" = "$b" ] || continue   # chaos runs on the plain servers
+phase "${chaos_seconds} s chaos runs on: $plain, then one Spark check of every history"
+for b in $plain; do
     faults=kill,pause,restart,expire
     [ "$b" = sqlite ] && faults=kill,pause,expire   # no server process to restart
     consensus chaos --server "$b" --duration "$chaos_seconds" --clients 5 --keys 2 \
