@@ -287,7 +287,7 @@ def test_an_exception_in_a_prober_fails_its_fault_test(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "server", "declared"),
     [
-        ("sqlite:///x.db", None, {"requires_server", "secured_server"}),
+        ("sqlite:///x.db", None, {"requires_server", "secured_server", "freezes_a_writer"}),
         ("postgresql://u@127.0.0.1:5432/db", "postgresql", {"database_file"}),
         ("mariadb://u:pw@127.0.0.1:3306/db", "mariadb", {"database_file"}),
         ("zk://127.0.0.1:2181/ct", "zookeeper", {"database_file"}),

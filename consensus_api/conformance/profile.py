@@ -42,6 +42,7 @@ MARKERS: Mapping[str, str] = {
     "network_namespace": "clients in Linux network namespaces cut off from the server",
     "session_expiry": "ending a session from the server side (TestProfile.expire_session)",
     "secured_server": "a server with TLS and passwords (`consensus servers run NAME --secure`)",
+    "freezes_a_writer": "a client frozen (SIGSTOP) at any moment, even inside a write, while others write on",
 }
 
 #: ``expire_session(url, identity, timeout)``: end the session ``identity`` names on the server at ``url``.

@@ -63,6 +63,7 @@ def test_coordinating_member_killed_mid_rebalance(
         child.close()
 
 
+@pytest.mark.freezes_a_writer
 def test_member_paused_past_rebalance_timeout_is_fenced_and_told(
     consensus_open_session: SessionFactory, consensus_url: str, consensus_options: dict[str, object]
 ) -> None:
@@ -122,6 +123,7 @@ def test_server_restarted_during_a_rebalance(
     assert ledger.double_owned() == []
 
 
+@pytest.mark.freezes_a_writer
 def test_incremental_member_that_does_not_revoke_in_time_is_fenced(
     consensus_open_session: SessionFactory, consensus_url: str, consensus_options: dict[str, object]
 ) -> None:

@@ -97,6 +97,7 @@ SQLITE = TestProfile(
     not_applicable={
         "requires_server": "SQLite has no server process",
         "secured_server": "SQLite has no server, so no TLS or passwords",
+        "freezes_a_writer": "a process frozen inside a write holds SQLite's file lock: writers wait for it",
     },
     credentials_in_url=False,
     stops_inside_write=True,
