@@ -32,30 +32,15 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from consensus_api import ConsensusError, FencedError, Lease, LockLost, SessionState, connect
+from consensus_api import ConsensusError, Lease, LockLost, SessionState, connect
 from consensus_api.conformance.child import ChildProcess
 from consensus_api.conformance.helpers import EVENT_TIMEOUT
-from consensus_api.conformance.worker import emit
+from consensus_api.conformance.worker import emit, fenced_outcome
 from consensus_api.session import Session
 
 
 def _fenced(session: Session, lease: Lease, operation: str, key: str) -> None:
-    storage = session.storage
-    start = time.monotonic()
-    try:
-        if operation == "put":
-            storage.put(key, b"stale holder", fence=lease)
-        elif operation == "update":
-            storage.update(key, b"stale holder", fence=lease)
-        else:
-            storage.delete(key, fence=lease)
-        outcome = "ok"
-    except FencedError:
-        outcome = "fenced"
-    except ConsensusError as exc:
-        outcome = type(exc).__name__
-        print(f"fenced {operation} {key}: {outcome}: {exc}", file=sys.stderr, flush=True)
-    emit("FENCED", operation, outcome, f"{time.monotonic() - start:.3f}")
+    emit("FENCED", operation, *fenced_outcome(session, lease, operation, key, b"stale holder"))
 
 
 def _run_hold(session: Session, name: str, shared: bool) -> int:

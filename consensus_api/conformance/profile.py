@@ -9,7 +9,7 @@ fault tools (``consensus_api.testing.faults``), ``consensus servers`` and
 
     PROFILE = TestProfile(
         name="mystore",
-        server="postgresql",  # the consensus_api.testing launcher of its server; None: none
+        server=LAUNCHER,  # a name in consensus_api.testing.SERVER_NAMES; None: no server process
         detection_delay=lambda session_timeout: 1.0,
         expire_session=expire_on_server,  # (url, Backend.fault_identity(), timeout) -> None
         unreachable_url=moved_to_free_port,

@@ -57,6 +57,7 @@ from consensus_api import (
     KeyExistsError,
     LeaderChanged,
     Leadership,
+    Lease,
     SessionState,
     VersionConflictError,
     connect,
@@ -227,7 +228,7 @@ def _freeze_in_write(session: Session, held: Leadership | None, operation: str, 
     """
     if profile_for(session.url).stops_inside_write:
         os.environ[STOP_IN_FENCED_WRITE] = "1"
-        emit("FROZE", operation, *_fenced_outcome(session, held, operation, key))
+        emit("FROZE", operation, *fenced_outcome(session, held, operation, key))
         return
     limit = session.settings.request_timeout + EVENT_TIMEOUT
     for _ in range(FREEZE_ATTEMPTS):
@@ -257,24 +258,31 @@ def _outcome_into(  # noqa: PLR0917
     operation: str,
     key: str,
 ) -> None:
-    """``_fenced_outcome`` appended to ``ended``; ``began`` is set first (a thread's target)."""
+    """``fenced_outcome`` appended to ``ended``; ``began`` is set first (a thread's target)."""
     began.set()
-    ended.append(_fenced_outcome(session, held, operation, key))
+    ended.append(fenced_outcome(session, held, operation, key))
 
 
 def _fenced_write(session: Session, held: Leadership | None, operation: str, key: str) -> None:
-    emit("FENCED", operation, *_fenced_outcome(session, held, operation, key))
+    emit("FENCED", operation, *fenced_outcome(session, held, operation, key))
 
 
-def _fenced_outcome(session: Session, held: Leadership | None, operation: str, key: str) -> tuple[str, str]:
-    """A write fenced by ``held``: ``ok``, ``fenced`` or the error class, and the seconds it took."""
+def fenced_outcome(
+    session: Session,
+    held: Leadership | Lease | None,
+    operation: str,
+    key: str,
+    value: bytes = b"stale leader",
+) -> tuple[str, str]:
+    """A write fenced by ``held`` (a leadership or a lock lease): ``ok``, ``fenced`` or the error
+    class, and the seconds it took."""
     storage = session.storage
     start = time.monotonic()
     try:
         if operation == "put":
-            storage.put(key, b"stale leader", fence=held)
+            storage.put(key, value, fence=held)
         elif operation == "update":
-            storage.update(key, b"stale leader", fence=held)
+            storage.update(key, value, fence=held)
         else:
             storage.delete(key, fence=held)
         outcome = "ok"
