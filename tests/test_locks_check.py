@@ -5,6 +5,7 @@ with one planted second holder that fails."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,10 +121,22 @@ def _plant(history: Path, out: Path) -> str:
     return str(first["key"])
 
 
+@pytest.fixture
+def stops_spark() -> Iterator[None]:
+    """The Spark session the CLI started (``getOrCreate``) is stopped after the test."""
+    yield
+    from pyspark.sql import SparkSession  # noqa: PLC0415 - an optional dependency
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+
+
 @pytest.mark.timeout(300)
+@pytest.mark.usefixtures("stops_spark")
 def test_chaos_locks_run_passes_and_the_planted_one_fails(tmp_path: Path) -> None:
     """consensus chaos --workload locks under client kills, pauses and expiries, then consensus check:
-    ok on the local engine and Spark; the same history with a planted second holder: exit 1."""
+    ok on the local engine and Spark; the same history with a planted second holder: exit 1 on both."""
     runner = CliRunner()
     out = tmp_path / "runs"
     workload = ["--server", "sqlite", "--workload", "locks", "--duration", "8", "--clients", "4"]
@@ -136,8 +149,9 @@ def test_chaos_locks_run_passes_and_the_planted_one_fails(tmp_path: Path) -> Non
         locks = json.loads(clean.output)["checks"]["locks"]
         assert locks["verdict"] == "ok" and locks["objects"] == 2 and locks["ops"] > 20, locks
     lock = _plant(next(out.glob("*.parquet")), tmp_path / "planted")
-    planted = runner.invoke(cli, ["check", str(tmp_path / "planted"), "--engine", "local", "--json"])
-    assert planted.exit_code == 1, planted.output
-    [finding] = json.loads(planted.output)["findings"]
-    assert (finding["check"], finding["key"], finding["verdict"]) == ("locks", lock, "violation")
-    assert "unfenced" in finding["message"]
+    for engine in (["--engine", "local"], ["--master", "local[2]"]):
+        planted = runner.invoke(cli, ["check", str(tmp_path / "planted"), *engine, "--json"])
+        assert planted.exit_code == 1, planted.output
+        [finding] = json.loads(planted.output)["findings"]
+        assert (finding["check"], finding["key"], finding["verdict"]) == ("locks", lock, "violation")
+        assert "unfenced" in finding["message"]
