@@ -78,6 +78,13 @@ def test_an_overlap_is_fenced_when_the_earlier_holder_was_told_late_or_paused() 
     told.hold(1, 0.5, 2, 3, token=6)
     told.row(2.5, 0, "event", "lost", term=5, leader=holder)
     assert told.check() == ([], {"L": 1})
+    # it let go before it was told (its session was lost meanwhile): fenced when told soon enough
+    for told_at, fenced in ((4.0, True), (9.0, False)):
+        released = History()
+        holder = released.hold(0, 0, 1, 3, token=5)
+        released.hold(1, 0.5, 2, 3.5, token=6)
+        released.row(told_at, 0, "event", "lost", term=5, leader=holder)
+        assert released.check() == (([], {"L": 1}) if fenced else ([("locks", "violation")], {}))
     paused = History()
     paused.hold(0, 0, 1, 4, token=5)
     paused.nemesis(1.5, 3.5, "pause-client", 0)

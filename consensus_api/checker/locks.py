@@ -8,7 +8,8 @@ or the end of the run. Per lock it reports a violation for
 
 * **two holders at once**: a holder got the lock while another held it, and
   one of the two leases was exclusive - unless the earlier holder was fenced:
-  it learnt of its loss only later (its hold ended with ``lost``), or the
+  it learnt of its loss only later (its hold ended with ``lost``, or it let go
+  first and was told within ``RESUME_SLACK_NS`` of the overlap), or the
   nemesis had paused it or expired its session then. Such a fenced overlap is
   what the lock allows (a lock lives as long as its holder's session; fencing
   tokens protect what it guards) and is counted, not a violation;
@@ -62,7 +63,8 @@ COLUMNS = (
 @dataclass(frozen=True, slots=True)
 class Hold:
     """One lease as its holder saw it: ``start`` when ``acquire`` returned, ``end`` when it stopped
-    holding (None: at the end of the run), ``lost`` if it stopped because it was told of the loss."""
+    holding (None: at the end of the run), ``lost`` if it stopped because it was told of the loss,
+    ``told`` when it was told (also after it let go), or None."""
 
     lock: str
     holder: str
@@ -74,6 +76,7 @@ class Hold:
     start: int
     end: int | None
     lost: bool
+    told: int | None
 
 
 def holds(rows: Iterable[Mapping[str, Any]]) -> list[Hold]:
@@ -82,7 +85,8 @@ def holds(rows: Iterable[Mapping[str, Any]]) -> list[Hold]:
     _, kills = per_run.fault_windows(rows)
     calls: dict[int, int] = {}
     granted: list[Mapping[str, Any]] = []
-    ends: dict[str, tuple[int, bool]] = {}
+    released: dict[str, int] = {}
+    told: dict[str, int] = {}
     first_seen: dict[int, int] = {}
     for row in (r for r in rows if r["kind"] == LOCK):
         first_seen.setdefault(int(row["process"]), row["time_ns"])
@@ -91,12 +95,17 @@ def holds(rows: Iterable[Mapping[str, Any]]) -> list[Hold]:
             calls[int(row["op_id"])] = row["time_ns"]
         elif f == "acquire" and kind == "ok":
             granted.append(row)
-        elif (f == "release" and kind == "invoke") or f == "lost":
-            ends.setdefault(str(row["leader"]), (row["time_ns"], f == "lost"))
+        elif f == "release" and kind == "invoke":
+            released.setdefault(str(row["leader"]), row["time_ns"])
+        elif f == "lost":
+            told.setdefault(str(row["leader"]), row["time_ns"])
     found = []
     for row in granted:
+        holder = str(row["leader"])
         process, slot, start = int(row["process"]), int(row["client"]), row["time_ns"]
-        end, lost = ends.get(str(row["leader"]), (None, False))
+        told_at, released_at = told.get(holder), released.get(holder)
+        ends = [(at, lost) for at, lost in ((released_at, False), (told_at, True)) if at is not None]
+        end, lost = min(ends) if ends else (None, False)
         killed = per_run.killed_at(slot, max(start, first_seen[process]), kills)
         if killed is not None and (end is None or killed < end):
             end, lost = killed, False
@@ -105,7 +114,7 @@ def holds(rows: Iterable[Mapping[str, Any]]) -> list[Hold]:
         found.append(
             Hold(
                 row["key"],
-                str(row["leader"]),
+                holder,
                 int(row["term"]),
                 exclusive,
                 process,
@@ -114,6 +123,7 @@ def holds(rows: Iterable[Mapping[str, Any]]) -> list[Hold]:
                 start,
                 end,
                 lost,
+                told_at,
             )
         )
     return sorted(found, key=lambda hold: hold.start)
@@ -188,7 +198,8 @@ def _overlaps(held: list[Hold], windows: per_run.Windows, t0: int) -> tuple[list
                 continue
             if later.holder == earlier.holder or not (earlier.exclusive or later.exclusive):
                 continue
-            if earlier.lost or per_run.faulted(windows, earlier.slot, later.start):
+            told_late = earlier.told is not None and earlier.told <= later.start + per_run.RESUME_SLACK_NS
+            if earlier.lost or told_late or per_run.faulted(windows, earlier.slot, later.start):
                 fenced.append((later.start if earlier.end is None else earlier.end) - later.start)
                 continue
             until = "the end" if earlier.end is None else f"+{(earlier.end - t0) / 1e9:.3f}s"

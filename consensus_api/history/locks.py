@@ -8,8 +8,9 @@ It takes the storage client's command line and line protocol
 rows (``key`` the lock): ``acquire`` operations (``value`` ``exclusive`` or
 ``shared``; ``ok`` with ``term`` the token and ``leader`` the holder id,
 ``fail`` with error ``timeout``), ``release`` operations (``leader``, ``term``)
-and ``lost`` events (a ``LockLost``, ``leader`` and ``term`` of the lost lease,
-at the moment the holder was told). ``consensus_api.checker.locks`` checks
+and ``lost`` events (``leader`` and ``term`` of the lease, at the moment the
+holder was told: a ``LockLost``, or the session's ``LOST`` state when it comes
+only after the release of its latest lease). ``consensus_api.checker.locks`` checks
 them. Like the storage client, it continues under a new history process after
 an operation with an unknown outcome.
 """
@@ -54,6 +55,8 @@ class Locker:
         self.names = [f"{prefix}/l{index}" for index in range(LOCKS)]
         self.seq = 0
         self.incarnation = 0
+        #: The latest lease of this session: (lock, token, holder); reported lost with the session.
+        self.latest: tuple[str, int, str] | None = None
 
     def _call(self, f: str, fields: dict[str, Any], run: Callable[[], Any]) -> tuple[bool, Any]:
         """Journal ``run()`` as one operation: ``(True, result)``, or ``(False, None)`` if it raised
@@ -81,6 +84,13 @@ class Locker:
             | {"leader": holder}
         )
 
+    def on_state(self, state: SessionState) -> None:
+        """A lost session ends its latest lease too, if its holder let go before it was told."""
+        latest = self.latest
+        if state is SessionState.LOST and latest is not None:
+            self.latest = None
+            self._on_lost(LockLost(latest[0], latest[1]), latest[2])
+
     def turn(self, timeout: float) -> None:
         """Acquire one lock, hold it for a moment, release it."""
         name = self.rng.choice(self.names)
@@ -90,6 +100,7 @@ class Locker:
         done, lease = self._call("acquire", {"key": name, "value": mode}, lambda: lock.acquire(timeout))
         if not done or lease is None:
             return
+        self.latest = (name, lease.token, lease.holder)
         lock.add_listener(lambda lost: self._on_lost(lost, lease.holder))
         if lock.lease is None:  # lost between the acquire and the listener: LockLost was not seen
             self._on_lost(LockLost(name, lease.token), lease.holder)
@@ -127,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     session.add_state_listener(
         lambda state: report_session(session) if state is SessionState.CONNECTED else None
     )
+    session.add_state_listener(locker.on_state)
     report_session(session)
     try:
         say("READY")
