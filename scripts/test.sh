@@ -7,9 +7,9 @@
 #      the storage, session and errors sections on the secured servers
 #      (entries NAME:secure, `consensus servers run NAME --secure`);
 #   3. the project's own tests;
-#   4. chaos runs with faults on every backend, whose histories one Spark job
-#      then checks for linearizability and election, membership and listener
-#      safety.
+#   4. chaos runs with faults on every backend, and one run of the locks
+#      workload, whose histories one Spark job then checks for
+#      linearizability, election, membership, listener and lock safety.
 # Ends with one line "tests: N passed, N failed".
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,12 +18,16 @@ bash scripts/install.sh || exit 2
 bash scripts/venv.sh || exit 2
 export PATH="$ROOT/.venv/bin:$PATH"
 out=$(mktemp -d "${TMPDIR:-/tmp}/consensus-test.XXXXXX")
-backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka postgresql:secure zookeeper:secure etcd:secure}
+backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka postgresql:secure zookeeper:secure etcd:secure kafka:secure}
 # On secured servers: the security section plus the contract's core over TLS with auth (the whole suite
 # passes there too; `consensus servers run NAME --secure -- consensus conformance '$CONSENSUS_URL'`).
 secure_select=${CONSENSUS_SECURE_SELECT:-test_security or test_storage or test_session or test_errors}
 plain=$(for b in $backends; do [ "${b%%:*}" = "$b" ] && printf '%s ' "$b"; done)   # tooz and chaos run there
 chaos_seconds=${CONSENSUS_CHAOS_SECONDS:-30}
+# the locks workload runs once, on this backend (the first plain one if it is not in the list)
+locks=${CONSENSUS_LOCKS_BACKEND:-etcd}
+case " $plain " in *" $locks "*) ;; *) locks=${plain%% *} ;; esac
+locks_seconds=${CONSENSUS_LOCKS_SECONDS:-20}
 status=0
 started=$SECONDS
 phase() { echo "== $* (at $((SECONDS - started)) s)"; }
@@ -64,14 +68,20 @@ for b in $plain; do
         >"$out/tooz-$b.log" 2>&1
 done
 
-phase "${chaos_seconds} s chaos runs on: $plain, then one Spark check of every history"
+phase "${chaos_seconds} s chaos runs on: $plain, ${locks_seconds} s of locks on $locks, then one Spark check of every history"
+faults_on() {  # the nemesis's faults for a backend
+    if [ "$1" = sqlite ]; then echo kill,pause,expire; else echo kill,pause,restart,expire; fi   # no server process to restart
+}
 for b in $plain; do
-    faults=kill,pause,restart,expire
-    [ "$b" = sqlite ] && faults=kill,pause,expire   # no server process to restart
     consensus chaos --server "$b" --duration "$chaos_seconds" --clients 5 --keys 2 \
-        --faults "$faults" --out "$out/chaos" >>"$out/chaos.log" 2>&1 ||
+        --faults "$(faults_on "$b")" --out "$out/chaos" >>"$out/chaos.log" 2>&1 ||
         echo "chaos on $b failed" >>"$out/chaos.log"
 done
+if [ -n "$locks" ]; then
+    consensus chaos --server "$locks" --workload locks --duration "$locks_seconds" --clients 4 \
+        --faults "$(faults_on "$locks")" --out "$out/chaos" >>"$out/chaos.log" 2>&1 ||
+        echo "chaos on $locks (locks) failed" >>"$out/chaos.log"
+fi
 consensus check "$out/chaos" --master 'local[2]' --report "$out/chaos-report.html" --json \
     >"$out/check.json" 2>>"$out/chaos.log"
 echo $? >"$out/check.rc"

@@ -368,12 +368,15 @@ def test_unreachable_broker_raises_backend_unavailable_in_time() -> None:
 
 
 def test_credentials_never_appear_in_errors_reprs_or_logs(server: ServerHandle, caplog: Any) -> None:
-    """The broker has no SASL listener: the handshake fails; the password shows up nowhere."""
+    """The broker has no SASL listener: the SASL handshake is refused at once, as a configuration
+    error naming SASL; the password shows up nowhere."""
     secret = "s3cr3t-" + uuid.uuid4().hex
     caplog.set_level(logging.DEBUG)
     url = server.url.replace("kafka://", f"kafka://alice:{secret}@") + "/cred"
-    with pytest.raises(ca.BackendUnavailableError) as raised:
-        ca.connect(url, connect_timeout=3)
+    started = time.monotonic()
+    with pytest.raises(ca.ConfigurationError, match="SASL") as raised:
+        ca.connect(url, connect_timeout=8)
+    assert time.monotonic() - started < 2.0, "a refused SASL handshake must not be retried"
     assert secret not in str(raised.value) and secret not in repr(raised.value)
     assert repr(Secret(secret)) == "'***'"
     assert not [record for record in caplog.records if secret in record.getMessage()]

@@ -1,9 +1,11 @@
-"""Checking recorded histories (``consensus check``): linearizability, elections, membership, listeners.
+"""Checking recorded histories (``consensus check``): linearizability, elections, membership, listeners,
+locks.
 
 ``check_history(directory, engine="spark" | "local")`` reads every Parquet
 history in ``directory`` (see docs/history-format.md) and returns an
 :class:`Outcome`; both engines run the same per-object checks and reach the
-same verdicts. ``check_files(path, "jepsen-log" | "jepsen-edn", "register" | "kv")``
+same verdicts (the per-object checks in buckets, the ``locks`` check once per run).
+``check_files(path, "jepsen-log" | "jepsen-edn", "register" | "kv")``
 checks Jepsen histories, one verdict per file (``checker.external``).
 """
 
@@ -35,15 +37,18 @@ def check_history(
         raise ConfigurationError(f"no history (*.parquet) in {directory}")
     budget = budget or Budget()
     began = time.monotonic()
+    from consensus_api.checker import locks  # noqa: PLC0415 - needs pyarrow
+
     if engine == "local":
-        table = run_local(directory, budget)
+        tables = [run_local(directory, budget), locks.check_local(directory)]
     elif engine == "spark":
         from consensus_api.checker.spark import run_spark, spark_session  # noqa: PLC0415 - optional
 
-        table = run_spark(directory, budget, session or spark_session(master))
+        session = session or spark_session(master)
+        tables = [run_spark(directory, budget, session), locks.check_spark(directory, session)]
     else:
         raise ConfigurationError(f"unknown engine {engine!r}; expected spark or local")
-    outcome = Outcome.from_rows(table.to_pylist(), engine)
+    outcome = Outcome.from_rows([row for table in tables for row in table.to_pylist()], engine)
     outcome.runs = run_backends(paths)
     outcome.seconds = time.monotonic() - began
     return outcome

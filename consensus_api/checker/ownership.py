@@ -23,7 +23,6 @@ end of the run. It reports
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from consensus_api.checker.local import history_files
+from consensus_api.checker import per_run
 
 COLUMNS = (
     "run",
@@ -48,12 +47,9 @@ COLUMNS = (
     "op_id",
     "time_ns",
 )
+KINDS = ("coordinator",)
 FINDING_DDL = "run string, resource string, finding string, detail string"
 VIOLATIONS = frozenset({"double-ownership", "unowned-at-end", "owned-twice-at-end"})
-FAULT_WINDOWS = ("pause-client", "expire-session")
-_SLOT = re.compile(r"client (\d+)")
-#: How long after a nemesis pause or expiry ends a member may take to notice it was fenced.
-RESUME_SLACK_NS = 5_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +81,7 @@ def check_run(rows: Iterable[Mapping[str, Any]]) -> list[Finding]:
     if not rows:
         return []
     run, t0 = str(rows[0]["run"]), rows[0]["time_ns"]
-    windows, kills = _faults(rows)
+    windows, kills = per_run.fault_windows(rows)
     slot_of: dict[int, int] = {}
     first_seen: dict[int, int] = {}
     owning: dict[tuple[int, str], int] = {}
@@ -106,7 +102,7 @@ def check_run(rows: Iterable[Mapping[str, Any]]) -> list[Finding]:
             start, lost = owning.pop((process, resource)), row["term"] in (None, -1)
             spans[resource].append(_Owning(process, slot_of[process], start, row["time_ns"], lost))
     for (process, resource), start in owning.items():
-        end = _killed(process, slot_of[process], start, kills, first_seen)
+        end = per_run.killed_at(slot_of[process], max(start, first_seen[process]), kills)
         spans[resource].append(_Owning(process, slot_of[process], start, end))
 
     def at(time_ns: int) -> str:
@@ -120,10 +116,7 @@ def check_run(rows: Iterable[Mapping[str, Any]]) -> list[Finding]:
                     continue
                 if earlier.end is not None and later.start >= earlier.end:
                     continue
-                faulted = any(
-                    start <= later.start and (end is None or later.start <= end + RESUME_SLACK_NS)
-                    for start, end in windows.get(earlier.slot, [])
-                )
+                faulted = per_run.faulted(windows, earlier.slot, later.start)
                 fenced = faulted or earlier.lost
                 until = "the end" if earlier.end is None else at(earlier.end)
                 detail = (
@@ -155,32 +148,26 @@ def check_run(rows: Iterable[Mapping[str, Any]]) -> list[Finding]:
 
 def check_local(directory: Path) -> list[Finding]:
     """``check_run`` over every run of the histories in ``directory``, in this process."""
-    import pyarrow.parquet as pq  # noqa: PLC0415 - an optional dependency
-
-    by_run: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
-    for path in history_files(directory):
-        for row in pq.read_table(path, columns=list(COLUMNS)).to_pylist():
-            if row["kind"] in ("coordinator", "nemesis"):
-                by_run[row["run"]].append(row)
-    return [finding for rows in by_run.values() for finding in check_run(rows)]
+    return _findings(per_run.check_local(directory, kinds=KINDS, columns=COLUMNS, check=_check_table))
 
 
 def check_spark(directory: Path, session: Any) -> list[Finding]:
     """``check_run`` over every run of the histories in ``directory``, one Spark task per run."""
-    from pyspark.sql import functions as F  # noqa: N812, PLC0415 - an optional dependency
+    table = per_run.check_spark(
+        directory, session, kinds=KINDS, columns=COLUMNS, check=_check_table, ddl=FINDING_DDL
+    )
+    return _findings(table)
 
-    frame = session.read.parquet(str(directory / "*.parquet")).select(*COLUMNS)
-    frame = frame.filter(F.col("kind").isin("coordinator", "nemesis"))
-    frame = frame.withColumn("members", F.array_join("members", ","))
 
-    def check_table(table: pa.Table) -> pa.Table:
-        found = check_run(table.to_pylist())
-        names = ("run", "resource", "finding", "detail")
-        schema = pa.schema([(name, pa.string()) for name in names])
-        return pa.table({name: [getattr(f, name) for f in found] for name in names}, schema=schema)
+def _check_table(rows: list[Any]) -> pa.Table:
+    found = check_run(rows)
+    names = ("run", "resource", "finding", "detail")
+    schema = pa.schema([(name, pa.string()) for name in names])
+    return pa.table({name: [getattr(f, name) for f in found] for name in names}, schema=schema)
 
-    result = frame.groupBy("run").applyInArrow(check_table, schema=FINDING_DDL).toArrow()
-    return [Finding(**row) for row in result.to_pylist()]
+
+def _findings(table: pa.Table) -> list[Finding]:
+    return [Finding(**row) for row in table.to_pylist()]
 
 
 def _names(members: Any) -> list[str]:
@@ -189,38 +176,3 @@ def _names(members: Any) -> list[str]:
     if isinstance(members, str):
         return [name for name in members.split(",") if name]
     return [str(name) for name in members]
-
-
-def _faults(
-    rows: list[Mapping[str, Any]],
-) -> tuple[dict[int, list[tuple[int, int | None]]], dict[int, list[int]]]:
-    """Per client slot: the nemesis' pause / expiry windows (start, end or None), and kill times."""
-    windows: defaultdict[int, list[tuple[int, int | None]]] = defaultdict(list)
-    kills: defaultdict[int, list[int]] = defaultdict(list)
-    started: dict[int, tuple[int, int]] = {}
-    for row in rows:
-        if row["kind"] != "nemesis" or row["value"] is None:
-            continue
-        match = _SLOT.match(str(row["value"]))
-        if match is None:
-            continue
-        slot = int(match.group(1))
-        if row["f"] == "kill-client" and row["type"] == "invoke":
-            kills[slot].append(row["time_ns"])
-        elif row["f"] in FAULT_WINDOWS and row["type"] == "invoke":
-            started[int(row["op_id"])] = (slot, row["time_ns"])
-        elif row["f"] in FAULT_WINDOWS and int(row["op_id"]) in started:
-            slot, start = started.pop(int(row["op_id"]))
-            windows[slot].append((start, row["time_ns"]))
-    for slot, start in started.values():
-        windows[slot].append((start, None))
-    return dict(windows), dict(kills)
-
-
-def _killed(
-    process: int, slot: int, start: int, kills: Mapping[int, list[int]], first_seen: Mapping[int, int]
-) -> int | None:
-    """When the process owning since ``start`` was SIGKILLed (the first kill of its slot after both
-    its start and its first record), or None if it lived to the end."""
-    after = [t for t in kills.get(slot, []) if t >= max(start, first_seen[process])]
-    return min(after) if after else None

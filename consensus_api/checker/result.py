@@ -50,6 +50,8 @@ class Outcome:
     handovers: dict[str, list[int]] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)
     runs: dict[str, str] = field(default_factory=dict)
+    #: Per lock: overlaps allowed because the earlier holder was fenced (``checker.locks``).
+    fenced_overlaps: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_rows(cls, rows: list[dict[str, Any]], engine: str) -> Outcome:
@@ -71,6 +73,8 @@ class Outcome:
                     outcome.handovers.setdefault(key, []).extend(values)
                 elif check == "fault":
                     outcome.faults[key] = outcome.faults.get(key, 0) + len(values)
+                elif check == "fenced-overlap":
+                    outcome.fenced_overlaps[key] = outcome.fenced_overlaps.get(key, 0) + len(values)
             else:
                 counts = outcome.checks.setdefault(check, CheckVerdict(check)).counts
                 counts[verdict] = counts.get(verdict, 0) + 1
@@ -132,4 +136,5 @@ class Outcome:
             "latency_ms": self.latency_table(),
             "handover_s": self.handover_table(),
             "faults": self.faults,
+            "fenced_overlaps": self.fenced_overlaps,
         }

@@ -72,7 +72,8 @@ def _faults(text: str) -> frozenset[str]:
     default="storage",
     show_default=True,
     help="storage: kv, election and group operations; coordinator: members of one resource group "
-    "recording when they own what (checked by consensus ownership).",
+    "recording when they own what (checked by consensus ownership); locks: turns at exclusive and "
+    "shared fenced locks (checked by consensus check).",
 )
 @click.option("--seed", type=int, default=None, help="Seed of the workload and fault choices.")
 def chaos(  # noqa: PLR0917 - click passes every option as a parameter

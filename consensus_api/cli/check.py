@@ -1,4 +1,4 @@
-"""``consensus check``: check recorded histories (linearizability, elections, membership, listeners),
+"""``consensus check``: check recorded histories (linearizability, elections, membership, listeners, locks),
 ours (Parquet) or Jepsen's (``--format jepsen-log|jepsen-edn``)."""
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def check(  # noqa: PLR0917 - click passes every option as a parameter
     Per key: linearizability against a versioned register (WGL search) and the
     listeners' events; per service: at most one leader per term, terms never
     going back, leadership reads in real-time order, no stale fenced write; per
-    group: views only move forward and converge. Jepsen histories: per key
+    group: views only move forward and converge; per lock (--workload locks): no second holder of an
+    exclusive lease unless the earlier one was fenced, tokens rising in grant order. Jepsen histories: per key
     linearizability against --model. Exit status: 0 all checks pass, 1 a
     violation, 3 only unknown verdicts (a budget ran out), 2 a usage error, an
     invalid history or a file that cannot be parsed (its line and why).

@@ -38,8 +38,12 @@ from consensus_api.testing import SERVER_NAMES, STORE_NAMES, DatabaseFile, requi
 if TYPE_CHECKING:
     from consensus_api.testing import ServerHandle
 
-#: The client process of each workload: storage, elections and groups; or a resource group.
-WORKLOADS = {"storage": "consensus_api.history.client", "coordinator": "consensus_api.history.ownership"}
+#: The client process of each workload: storage, elections and groups; a resource group; or locks.
+WORKLOADS = {
+    "storage": "consensus_api.history.client",
+    "coordinator": "consensus_api.history.ownership",
+    "locks": "consensus_api.history.locks",
+}
 STOP_TIMEOUT_MARGIN = 5.0
 READY_TIMEOUT = 60.0
 EXPIRE_TIMEOUT = 10.0

@@ -35,6 +35,9 @@ NEMESIS: Final = "nemesis"
 #: subscribed / assigned / revoked / final; ``key`` the resource, ``value`` the member id, ``term``
 #: the generation, ``members`` the resources (subscribed, final).
 COORDINATOR: Final = "coordinator"
+#: The locks workload's rows (``consensus_api.history.locks``): ``acquire`` / ``release`` operations
+#: and ``lost`` events; ``key`` the lock, ``value`` the mode, ``term`` the token, ``leader`` the holder.
+LOCK: Final = "lock"
 
 # Operations (``f``): kv fetch/put/update/delete, these election ops, group join/leave/members.
 ELECTION_OPS: Final = frozenset({"nominate", "resign", "leadership"})

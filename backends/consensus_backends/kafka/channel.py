@@ -26,12 +26,11 @@ from kafka.protocol.consumer import LeaveGroupRequest, ListOffsetsRequest
 from kafka.protocol.metadata import CoordinatorType, FindCoordinatorRequest, MetadataRequest
 
 from consensus_api.errors import ConfigurationError
+from consensus_backends.kafka import login
 from consensus_backends.kafka.errors import timeout_error
 from consensus_backends.kafka.settings import MAX_RECORD_BYTES, Settings
 
 RETRY_DELAY = 0.05
-#: How often a bootstrap in progress is checked for a refused login.
-AUTH_POLL = 0.05
 #: Group states in which DescribeGroups carries member metadata and assignments.
 STABLE = "Stable"
 GONE = ("Empty", "Dead")
@@ -62,31 +61,22 @@ class Channel:
         self._lock = threading.Lock()
 
     def open(self, deadline: float) -> None:
-        """Check TLS, start the IO thread and bootstrap; raises a kafka error if that fails before
-        ``deadline``, at once for a refused certificate (``ConfigurationError``) or login (kafka-python
-        retries both until its deadline)."""
-        self._check_certificate(deadline)
+        """Probe a bootstrap broker (TLS and login), start the IO thread and bootstrap; raises a kafka
+        error if that fails before ``deadline``, at once for a refused certificate
+        (``ConfigurationError``) or login (``SaslAuthenticationFailedError``): kafka-python's
+        bootstrap retries both until its deadline."""
+        self._probe(deadline)
         self._client._net.start()
-        future = self._manager.call_soon(self._manager.bootstrap_async, _ms_left(deadline))
-        done = threading.Event()
-        future.add_both(lambda _: done.set())
-        brokers = self._manager.cluster.bootstrap_brokers()
-        while not done.wait(min(AUTH_POLL, max(0.0, deadline - time.monotonic()))):
-            for broker in brokers:
-                refused = self._manager.auth_failure(broker.node_id)
-                if refused is not None:
-                    raise refused
-            if time.monotonic() >= deadline:
-                raise timeout_error("the Kafka bootstrap")
-        if future.exception is not None:
-            raise future.exception
+        self.run(deadline, self._manager.bootstrap_async, _ms_left(deadline))
 
-    def _check_certificate(self, deadline: float) -> None:
-        """With TLS, a handshake with the first reachable bootstrap broker, using the backend's context:
-        ``ConfigurationError`` naming why its certificate was refused. Unreachable brokers are left to
-        the bootstrap."""
-        context = self._settings.security.get("ssl_context")
-        if context is None:
+    def _probe(self, deadline: float) -> None:
+        """With TLS or SASL, one connection to the first reachable bootstrap broker: the TLS handshake
+        with the backend's context (``ConfigurationError`` naming why a certificate was refused),
+        then the SASL login (:mod:`consensus_backends.kafka.login`). Unreachable brokers, and
+        connections lost midway, are left to the bootstrap."""
+        security = self._settings.security
+        context, sasl = security.get("ssl_context"), login.sasl_enabled(security)
+        if context is None and not sasl:
             return
         for address in self._settings.bootstrap.split(","):
             host, _, port = address.rpartition(":")
@@ -94,14 +84,16 @@ class Channel:
             try:
                 with (
                     socket.create_connection((name, int(port)), timeout=_left(deadline)) as raw,
-                    context.wrap_socket(raw, server_hostname=name),
+                    context.wrap_socket(raw, server_hostname=name) if context else raw as sock,
                 ):
+                    if sasl:
+                        login.log_in(sock, name, security, deadline)
                     return
             except ssl.SSLCertVerificationError as exc:
                 raise ConfigurationError(
                     f"Kafka at {address}: the server's TLS certificate was refused: {exc.verify_message}"
                 ) from None
-            except OSError:
+            except (OSError, kerrors.KafkaConnectionError):
                 continue
 
     @property

@@ -56,6 +56,11 @@ def unavailable(exc: BaseException, url: str) -> ConsensusError:
         return ConfigurationError(
             f"Kafka at {url} refused the login: authentication failed ({type(exc).__name__})"
         )
+    if isinstance(exc, kerrors.UnsupportedSaslMechanismError | kerrors.IllegalSaslStateError):
+        return ConfigurationError(
+            f"Kafka at {url} refused the SASL login: {type(exc).__name__} "
+            "(check that the listener offers SASL with this sasl_mechanism)"
+        )
     if isinstance(exc, _AUTH):
         return ConfigurationError(
             f"Kafka at {url} refused the connection: {type(exc).__name__} (check the ACLs)"
