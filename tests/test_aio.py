@@ -15,6 +15,7 @@ import pytest
 
 import consensus_api as ca
 from consensus_api import aio
+from consensus_api.aio._bridge import Bridge
 from consensus_api.conformance.test_aio import SLOW_STEP, blocked_steps
 from consensus_api.testing import ServerHandle
 
@@ -280,5 +281,75 @@ def test_cancelled_before_it_started_never_runs(
                 postgresql_server.resume()
             await asyncio.gather(busy, return_exceptions=True)  # done or timed out: either is fine
             assert await session.storage.fetch("q") is None
+
+    run(main)
+
+
+def test_bridge_runs_at_most_workers_calls_and_shutdown_fails_the_queued_ones() -> None:
+    """Calls blocked in the core run ``workers`` at a time in arrival order; a queued one that is
+    cancelled never runs; ``shutdown`` lets running calls finish and fails queued and later ones
+    with SessionLostError."""
+    release = threading.Event()
+    running: set[int] = set()
+    ran: list[int] = []
+    peak = 0
+    guard = threading.Lock()
+
+    def blocked(number: int) -> Callable[[], int]:
+        def call() -> int:
+            nonlocal peak
+            with guard:
+                running.add(number)
+                peak = max(peak, len(running))
+            release.wait(TIMEOUT)
+            with guard:
+                running.discard(number)
+                ran.append(number)
+            return number
+
+        return call
+
+    async def running_count(expected: int) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while len(running) != expected:
+            assert time.monotonic() < deadline, running
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        bridge = Bridge(asyncio.get_running_loop(), 2)
+        calls = [asyncio.create_task(bridge.run(blocked(number))) for number in range(5)]
+        await running_count(2)
+        await asyncio.sleep(0.1)
+        assert running == {0, 1}
+        calls[4].cancel()
+        release.set()
+        assert await asyncio.gather(*calls[:4]) == [0, 1, 2, 3]
+        with pytest.raises(asyncio.CancelledError):
+            await calls[4]
+        assert peak == 2
+        assert 4 not in ran
+
+        release.clear()
+        last = [asyncio.create_task(bridge.run(blocked(number))) for number in (10, 11, 12)]
+        await running_count(2)
+        bridge.shutdown()
+        with pytest.raises(ca.SessionLostError):
+            await last[2]
+        release.set()
+        assert await asyncio.gather(last[0], last[1]) == [10, 11]
+        with pytest.raises(ca.SessionLostError, match="closed"):
+            await bridge.run(lambda: 1)
+        assert 12 not in ran
+
+    run(main)
+
+
+def test_calls_after_close_raise_session_lost(tmp_path: Path) -> None:
+    async def main() -> None:
+        session = await aio.connect(f"sqlite:///{tmp_path / 'x.db'}")
+        await session.storage.put("k", b"v")
+        await session.close()
+        with pytest.raises(ca.SessionLostError, match="closed"):
+            await session.storage.fetch("k")
 
     run(main)
