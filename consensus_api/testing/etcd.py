@@ -139,6 +139,7 @@ def member_command(data_dir: Path, client_url: str, peer_url: str) -> list[str]:
 
 def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
     """Start a fresh single-member etcd on free loopback ports and wait until it serves reads."""
+    binary()  # a missing binary fails before anything is created
     directory = Path(tempfile.mkdtemp(prefix="etcd-", dir=workdir))
     client, peer = free_port(), free_port()
     if not secure:
