@@ -78,7 +78,7 @@ else
     if ! (
         cd "$build"
         export GOPATH="$CACHE/go" GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" \
-            GOFLAGS=-modcacherw GOTOOLCHAIN=local CGO_ENABLED=0
+            GOFLAGS=-modcacherw CGO_ENABLED=0
         "$go" mod init etcdbuild &&
             "$go" get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" "go.etcd.io/etcd/etcdctl/v3@v$ETCD_VERSION" &&
             mkdir bin &&

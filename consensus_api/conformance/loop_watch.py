@@ -48,7 +48,8 @@ def run_queue_waits() -> dict[int, int]:
 
 
 class StepWatch(logging.Filter):
-    """A filter on the ``asyncio`` logger that drops slow-step reports the process's CPU wait explains."""
+    """Times a loop's task steps without its thread's waits for a CPU (``watching``) and, as a filter
+    on the ``asyncio`` logger, drops the slow-step reports the other threads' waits explain."""
 
     def __init__(self, threshold: float) -> None:
         super().__init__()
