@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what consensus_api.testing needs to run real servers: Debian's
-# ZooKeeper, PostgreSQL and MariaDB, a Java 17+ runtime, Maven, and the Kafka broker
-# jars from Maven Central (into a cache dir). Idempotent: when everything is
-# there it only checks and exits. Does not touch the Python venv.
+# ZooKeeper, PostgreSQL and MariaDB, a Java 17+ runtime, Maven, etcd and etcdctl
+# built with Go from the Go module proxy, and the Kafka broker jars from Maven
+# Central (both into a cache dir). Idempotent: when everything is there it only
+# checks and exits. Does not touch the Python venv.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -51,6 +52,50 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 fi
 say "debian packages ok (zookeeper, postgresql, mariadb, java $(java_major), maven)"
+
+# ---- etcd and etcdctl, built from the Go module proxy -------------------------
+# `go install go.etcd.io/etcd/server/v3@v…` is refused (replace directives in its go.mod),
+# so both are built as dependencies of a throwaway module. Go's caches live in $CACHE/go.
+ETCD_VERSION=$(sed -n 's/^ETCD_VERSION = "\(.*\)"$/\1/p' "$ROOT/consensus_api/testing/etcd.py")
+[ -n "$ETCD_VERSION" ] || { say "no ETCD_VERSION in consensus_api/testing/etcd.py"; exit 1; }
+etcd_dir="$CACHE/etcd-$ETCD_VERSION"
+
+etcd_ok() {
+    "$etcd_dir/etcd" --version 2>/dev/null | grep -q "^etcd Version: $ETCD_VERSION\$" &&
+        "$etcd_dir/etcdctl" version 2>/dev/null | grep -q "^etcdctl version: $ETCD_VERSION\$"
+}
+
+if etcd_ok; then
+    say "etcd $ETCD_VERSION ok ($etcd_dir)"
+else
+    go=$(command -v go || true)
+    [ -n "$go" ] || { [ -x /usr/local/go/bin/go ] && go=/usr/local/go/bin/go; }
+    [ -n "$go" ] || { say "building etcd $ETCD_VERSION needs Go (not on PATH nor in /usr/local/go/bin)"; exit 1; }
+    say "building etcd $ETCD_VERSION with $("$go" version) into $etcd_dir (first time: about 2 minutes)"
+    mkdir -p "$CACHE/go"
+    build=$(mktemp -d "$CACHE/go/etcd-build.XXXXXX")
+    trap 'rm -rf "$build"' EXIT
+    if ! (
+        cd "$build"
+        export GOPATH="$CACHE/go" GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" \
+            GOFLAGS=-modcacherw CGO_ENABLED=0
+        "$go" mod init etcdbuild &&
+            "$go" get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION" "go.etcd.io/etcd/etcdctl/v3@v$ETCD_VERSION" &&
+            mkdir bin &&
+            "$go" build -o bin/etcd go.etcd.io/etcd/server/v3 &&
+            "$go" build -o bin/etcdctl go.etcd.io/etcd/etcdctl/v3
+    ) >"$build/go.log" 2>&1; then
+        tail -n 40 "$build/go.log"
+        say "go failed to build etcd $ETCD_VERSION"
+        exit 1
+    fi
+    rm -rf "$etcd_dir"
+    mv "$build/bin" "$etcd_dir"
+    rm -rf "$build"
+    trap - EXIT
+    etcd_ok || { say "the built etcd does not report version $ETCD_VERSION"; exit 1; }
+    say "etcd $ETCD_VERSION built ($etcd_dir)"
+fi
 
 # ---- Kafka jars ------------------------------------------------------------
 version=$(sed -n 's:.*<kafka\.version>\(.*\)</kafka\.version>.*:\1:p' "$POM")

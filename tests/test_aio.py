@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -15,6 +18,8 @@ import pytest
 
 import consensus_api as ca
 from consensus_api import aio
+from consensus_api.aio._bridge import Bridge
+from consensus_api.conformance.loop_watch import StepWatch
 from consensus_api.conformance.test_aio import SLOW_STEP, blocked_steps
 from consensus_api.testing import ServerHandle
 
@@ -120,24 +125,64 @@ def test_group_election_and_state_streams(url: str) -> None:
 
 
 def test_the_blocking_detector_sees_a_blocking_call(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The positive control: a synchronous session used in a task is reported."""
+    """The positive control: a synchronous session used in a task is reported (with twice the
+    threshold, so that the CPU wait of the process's other threads on a loaded machine, which the
+    detector subtracts, cannot hide it)."""
 
     async def main() -> None:
-        asyncio.get_running_loop().slow_callback_duration = SLOW_STEP
-        with ca.connect(f"sqlite:///{tmp_path / 'x.db'}") as session:
-            session.storage.put("k", b"v")
-            time.sleep(SLOW_STEP)  # what a slow server does to a blocking call
+        with StepWatch(SLOW_STEP).watching(asyncio.get_running_loop()):
+            await asyncio.sleep(0)
+            with ca.connect(f"sqlite:///{tmp_path / 'x.db'}") as session:
+                session.storage.put("k", b"v")
+                time.sleep(2 * SLOW_STEP)  # what a slow server does to a blocking call
+            await asyncio.sleep(0)  # the step ends (and is reported) while the watch is on
 
     with caplog.at_level(logging.WARNING, logger="asyncio"):
         run(main, debug=True)
     assert len(blocked_steps(caplog.records)) == 1
 
 
+def test_a_step_slowed_by_waiting_for_a_cpu_is_not_a_blocked_loop(caplog: pytest.LogCaptureFixture) -> None:
+    """Four busy processes share this process's one CPU: a step of 0.05 s of CPU work takes several
+    times as long, and the detector puts that down to the wait for the CPU, not to the loop."""
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    slowest: list[float] = []
+
+    async def main() -> None:
+        with StepWatch(SLOW_STEP).watching(asyncio.get_running_loop()):
+            for _ in range(5):
+                await asyncio.sleep(0)
+                started, cpu_started = time.monotonic(), time.thread_time()
+                while time.thread_time() - cpu_started < SLOW_STEP / 2:
+                    pass
+                slowest.append(time.monotonic() - started)
+            await asyncio.sleep(0)
+
+    try:
+        os.sched_setaffinity(0, {cpu})
+        for hog in hogs:
+            os.sched_setaffinity(hog.pid, {cpu})
+        with caplog.at_level(logging.WARNING, logger="asyncio"):
+            run(main, debug=True)
+    finally:
+        os.sched_setaffinity(0, before)
+        for hog in hogs:
+            hog.kill()
+            hog.wait(TIMEOUT)
+    assert max(slowest) > SLOW_STEP, slowest  # the steps were slow...
+    assert blocked_steps(caplog.records) == []  # ...and not reported as blocking
+
+
 def test_no_call_blocks_the_event_loop(url: str, caplog: pytest.LogCaptureFixture) -> None:
     """asyncio's debug mode reports every task step that holds the loop too long: none does."""
 
     async def main() -> None:
-        asyncio.get_running_loop().slow_callback_duration = SLOW_STEP
+        with StepWatch(SLOW_STEP).watching(asyncio.get_running_loop()):
+            await busy(url)
+
+    async def busy(url: str) -> None:
         async with aio.connect(url) as session:
             async with session.listeners.watch("busy") as events:
                 assert (await anext(events)).value is None
@@ -280,5 +325,75 @@ def test_cancelled_before_it_started_never_runs(
                 postgresql_server.resume()
             await asyncio.gather(busy, return_exceptions=True)  # done or timed out: either is fine
             assert await session.storage.fetch("q") is None
+
+    run(main)
+
+
+def test_bridge_runs_at_most_workers_calls_and_shutdown_fails_the_queued_ones() -> None:
+    """Calls blocked in the core run ``workers`` at a time in arrival order; a queued one that is
+    cancelled never runs; ``shutdown`` lets running calls finish and fails queued and later ones
+    with SessionLostError."""
+    release = threading.Event()
+    running: set[int] = set()
+    ran: list[int] = []
+    peak = 0
+    guard = threading.Lock()
+
+    def blocked(number: int) -> Callable[[], int]:
+        def call() -> int:
+            nonlocal peak
+            with guard:
+                running.add(number)
+                peak = max(peak, len(running))
+            release.wait(TIMEOUT)
+            with guard:
+                running.discard(number)
+                ran.append(number)
+            return number
+
+        return call
+
+    async def running_count(expected: int) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while len(running) != expected:
+            assert time.monotonic() < deadline, running
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        bridge = Bridge(asyncio.get_running_loop(), 2)
+        calls = [asyncio.create_task(bridge.run(blocked(number))) for number in range(5)]
+        await running_count(2)
+        await asyncio.sleep(0.1)
+        assert running == {0, 1}
+        calls[4].cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await calls[4]
+        release.set()
+        assert await asyncio.gather(*calls[:4]) == [0, 1, 2, 3]
+        assert peak == 2
+        assert 4 not in ran
+
+        release.clear()
+        last = [asyncio.create_task(bridge.run(blocked(number))) for number in (10, 11, 12)]
+        await running_count(2)
+        bridge.shutdown()
+        with pytest.raises(ca.SessionLostError):
+            await last[2]
+        release.set()
+        assert await asyncio.gather(last[0], last[1]) == [10, 11]
+        with pytest.raises(ca.SessionLostError, match="closed"):
+            await bridge.run(lambda: 1)
+        assert 12 not in ran
+
+    run(main)
+
+
+def test_calls_after_close_raise_session_lost(tmp_path: Path) -> None:
+    async def main() -> None:
+        session = await aio.connect(f"sqlite:///{tmp_path / 'x.db'}")
+        await session.storage.put("k", b"v")
+        await session.close()
+        with pytest.raises(ca.SessionLostError, match="closed"):
+            await session.storage.fetch("k")
 
     run(main)

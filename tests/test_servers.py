@@ -19,6 +19,8 @@ from kazoo.protocol.states import KazooState
 
 from consensus_api.testing import SERVER_NAMES, ServerHandle, start_server
 from consensus_api.testing._process import launch, tcp_request
+from consensus_api.testing.etcd import BINARY_VARIABLE as ETCD_BINARY_VARIABLE
+from consensus_api.testing.etcd import ETCD_VERSION
 from consensus_api.testing.etcd import probe as etcd_probe
 from consensus_backends.zookeeper.profile import expire_zookeeper_session
 
@@ -191,6 +193,7 @@ def test_etcd(started: Callable[..., ServerHandle]) -> None:
         return pyetcd.MultiEndpointEtcd3Client(endpoints=[endpoint], timeout=5)
 
     etcd = client()
+    assert etcd.status().version == ETCD_VERSION
     etcd.put("/kept", "v1")
     assert etcd.get("/kept")[0] == b"v1"
     etcd.close()
@@ -204,6 +207,17 @@ def test_etcd(started: Callable[..., ServerHandle]) -> None:
     assert etcd.get("/kept")[0] == b"v1"
     etcd.close()
     _stop_and_check(server)
+
+
+def test_etcd_without_binary_names_the_installer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CONSENSUS_CACHE", str(tmp_path))
+    monkeypatch.delenv(ETCD_BINARY_VARIABLE, raising=False)
+    with pytest.raises(RuntimeError, match=rf"etcd {ETCD_VERSION}\): run scripts/install\.sh"):
+        start_server("etcd", tmp_path)
+    monkeypatch.setenv(ETCD_BINARY_VARIABLE, str(tmp_path / "elsewhere" / "etcd"))
+    with pytest.raises(RuntimeError, match=r"\$CONSENSUS_ETCD_BINARY\): run scripts/install\.sh"):
+        start_server("etcd", tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_kafka(started: Callable[..., ServerHandle]) -> None:

