@@ -245,3 +245,11 @@ def test_mariadb_change_in_flight_when_a_session_opens_reaches_its_listeners(mar
                     assert early.wait_count(2)[1] == ValueChanged("early", b"v2", 2)
         finally:
             engine.dispose()
+
+
+@pytest.mark.parametrize("value", [1e300, 0, 1e-9, "nan", float("inf"), 61])
+def test_poll_interval_out_of_range_is_refused(tmp_path: Path, value: object) -> None:
+    """poll_interval outside 1 ms to 60 s (1e300 silenced every listener) is a ConfigurationError."""
+    with pytest.raises(ca.ConfigurationError, match="poll_interval"):
+        ca.connect(f"sqlite:///{tmp_path / 'x.db'}", poll_interval=value)
+    assert not (tmp_path / "x.db").exists()

@@ -39,7 +39,7 @@ import sqlalchemy
 from sqlalchemy import Connection, Engine
 
 from consensus_api.backend import Backend, Target
-from consensus_api.config import BackendURL, boolean, positive_float
+from consensus_api.config import BackendURL, boolean, seconds
 from consensus_api.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -101,7 +101,7 @@ class SQLBackend(Backend):
 
     options = {
         "table_prefix": table_prefix,
-        "poll_interval": positive_float,
+        "poll_interval": seconds(0.001, 60.0),
         "tls": boolean,  # enables the common security options (docs/spec.md section 2)
     }
 
