@@ -17,7 +17,7 @@ import sqlalchemy
 import consensus_api as ca
 from consensus_api import MembershipChanged, OperationTimeoutError, ValueChanged, registry
 from consensus_api.config import Options, Security, parse_url
-from consensus_api.conformance.helpers import EventLog
+from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.testing import ServerHandle, start_server
 from consensus_backends.sql.engine import create, is_retryable, sqlite_write_lock_holder, stall_limit
@@ -253,3 +253,38 @@ def test_poll_interval_out_of_range_is_refused(tmp_path: Path, value: object) ->
     with pytest.raises(ca.ConfigurationError, match="poll_interval"):
         ca.connect(f"sqlite:///{tmp_path / 'x.db'}", poll_interval=value)
     assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_sqlite_file_deleted_or_replaced_loses_the_session(tmp_path: Path, how: str) -> None:
+    """A session whose database file is deleted or replaced goes LOST within session_timeout / 3 and
+    its fenced writes fail, so the leader a session on the new file elects (at term 1 again) is the
+    only one writing; it then reopens on the new file and queues again."""
+    database = tmp_path / "moved.db"
+    url, timeout = f"sqlite:///{database}", 3.0
+    with ca.connect(url, session_timeout=timeout) as old:
+        states = EventLog[ca.SessionState]("old session states")
+        old.add_state_listener(states)
+        assert old.election("svc").nominate("a")
+        old_fence = old.election("svc").leadership()
+        assert old_fence is not None and old_fence.term == 1
+        aside = tmp_path / "aside"
+        aside.mkdir()
+        for path in tmp_path.glob("moved.db*"):
+            path.rename(aside / path.name)  # one rename per file: what rm or mv of moved.db* does
+        if how == "replaced":
+            sqlite3.connect(tmp_path / "fresh.db").close()
+            (tmp_path / "fresh.db").rename(database)
+        with ca.connect(url, session_timeout=timeout) as new:
+            assert new.election("svc").nominate("b")
+            new_fence = new.election("svc").leadership()
+            assert new_fence == ca.Leadership("svc", "b", 1)  # the same term as the old leader's
+            lost = states.wait_index(lambda state: state is ca.SessionState.LOST, timeout / 3 + 2)
+            with pytest.raises((ca.FencedError, ca.SessionLostError)):
+                old.storage.put("k", b"by a", fence=old_fence)
+            assert new.storage.put("k", b"by b", fence=new_fence) > 0
+            states.wait_for(lambda state: state is ca.SessionState.CONNECTED, timeout + 2, since=lost + 1)
+            wait_until(lambda: new.election("svc").leadership() == new_fence, 5, what="b still leads")
+            assert old.storage.fetch("k") == new.storage.fetch("k")  # one file for both now
+            with pytest.raises(ca.FencedError):
+                old.storage.put("k2", b"by a", fence=old_fence)

@@ -59,6 +59,7 @@ from consensus_backends.sql.engine import (
     is_retryable,
     permanent_connect_failure,
 )
+from consensus_backends.sql.filecheck import FileIdentity
 from consensus_backends.sql.schema import Tables
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ class SQLBackend(Backend):
         extra = self.settings.extra
         self._engine: Engine = create(self.url, self.settings)
         self._guarded = self._engine.dialect.name != "sqlite"
+        self._file = FileIdentity(None if self._guarded else self._engine.url.database)
         self._watchdog = Watchdog()
         self._tables = Tables(str(extra.get("table_prefix", "consensus_")))
         self._session_id = uuid.uuid4().hex
@@ -144,6 +146,7 @@ class SQLBackend(Backend):
                         f"cannot reach {self.url.redacted()} within {self.settings.connect_timeout} s: {exc}"
                     ) from None
                 time.sleep(RETRY_PAUSE)
+        self._file.arm()
         self._feed.start()
         self._heartbeat.start()
 
@@ -309,6 +312,8 @@ class SQLBackend(Backend):
                     try:
                         with conn.begin():
                             begin_sqlite(conn, write)
+                            if write and retry and self._file.changed():
+                                raise SessionLostError(f"{self._file.describe()}: this session is lost")
                             if fence is not None:
                                 ephemeral.check_fence(conn, self._tables, fence)
                             result = work(conn)
@@ -354,6 +359,11 @@ class SQLBackend(Backend):
         while not self._stop.wait(pause):
             started = time.monotonic()
             pause = TROUBLE_PAUSE
+            if self._file.changed() and self._beat_state is not SessionState.LOST:
+                log.warning("%s: the session is lost; it reopens on the new file", self._file.describe())
+                self._report(SessionState.LOST)
+                self._engine.dispose()  # pooled connections still write to the old file
+                self._feed.rewind()
             if self._beat_state is not SessionState.LOST and started >= last_renewal + ttl:
                 self._report(SessionState.LOST)  # the lease lapsed by our own clock
             try:
@@ -418,11 +428,14 @@ class SQLBackend(Backend):
         old, new = self._session_id, uuid.uuid4().hex
 
         def swap(conn: Connection) -> None:
+            if not self._guarded:  # SQLite: a new database file has no tables
+                self._tables.create(conn)
             ephemeral.drop_sessions(conn, self._tables, [old])
             ephemeral.open_lease(conn, self._tables, new, self.settings.session_timeout)
 
         self._run(swap, deadline=deadline, retry=False)
         self._session_id = new
+        self._file.arm()
 
     def _report(self, state: SessionState) -> None:
         with self._state_lock:
