@@ -126,7 +126,7 @@ def run(
     assert final is not None
     increments = int(final.value) - start_value
     return {
-        "backend": config.parse_url(url)[0].scheme,
+        "backend": config.parse_url(url)[0].scheme.partition("+")[0],
         "processes": processes,
         "threads": threads,
         "seconds": round(elapsed, 1),
