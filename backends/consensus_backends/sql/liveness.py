@@ -137,7 +137,7 @@ class Liveness:
             with self._state_lock:
                 if not running.is_set() or self._beat_state is not SessionState.CONNECTED:
                     return
-                left = self._renewed_at + self.settings.session_timeout * 2 / 3 - time.monotonic()
+                left = self._fresh_left()
                 if left <= 0:
                     self._beat_state = SessionState.SUSPENDED
                     self.events.state_changed(SessionState.SUSPENDED)
@@ -182,8 +182,15 @@ class Liveness:
             self._renewed_at = max(self._renewed_at, began)
 
     def _fresh(self) -> bool:
-        """The lease was renewed within the last two thirds of ``session_timeout``."""
-        return time.monotonic() - self._renewed_at < self.settings.session_timeout * 2 / 3
+        """SQLite: a renewal committed within the last heartbeat period (``session_timeout / 3``),
+        so a heartbeat's trouble is no news; never elsewhere (only heartbeats renew there)."""
+        return self._fresh_left() > 0
+
+    def _fresh_left(self) -> float:
+        """Seconds until the lease stops being ``_fresh`` (0 or less: it is not)."""
+        if self._guarded:
+            return 0.0
+        return self._renewed_at + self.settings.session_timeout / 3 - time.monotonic()
 
     def _renew(self, conn: Connection) -> float | None:
         """Renew this session's lease and reap expired ones: seconds until the earliest lease left
