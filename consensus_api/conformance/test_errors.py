@@ -21,12 +21,10 @@ from consensus_api import (
     ConsensusError,
     InvalidKeyError,
     InvalidTypeError,
-    Leadership,
     Session,
     ValueTooLargeError,
 )
 from consensus_api.config import parse_url
-from consensus_api.conformance.coordination import RecordingHandler
 from consensus_api.conformance.helpers import unique
 from consensus_api.conformance.profile import TestProfile, profile_for
 
@@ -187,48 +185,6 @@ def test_bad_version_type_raises(consensus_shared_session: Session, consensus_ns
     assert fetched is not None and fetched.value == b"v"
 
 
-@pytest.mark.parametrize("version", [-1, 2**63, 10**30])
-def test_version_out_of_range_raises(
-    consensus_shared_session: Session, consensus_ns: str, version: int
-) -> None:
-    """A version below 0 or above 2**63-1 raises InvalidKeyError before the backend is called."""
-    consensus_shared_session.storage.put(f"{consensus_ns}/k", b"v")
-    with pytest.raises(InvalidKeyError, match="version"):
-        consensus_shared_session.storage.update(f"{consensus_ns}/k", b"w", version=version)
-    with pytest.raises(InvalidKeyError, match="version"):
-        consensus_shared_session.storage.delete(f"{consensus_ns}/k", version=version)
-    fetched = consensus_shared_session.storage.fetch(f"{consensus_ns}/k")
-    assert fetched is not None and fetched.value == b"v"
-
-
-BAD_LEADERSHIPS = {
-    "term str": (Leadership("s", "c", "1"), InvalidTypeError),  # type: ignore[arg-type]
-    "term float": (Leadership("s", "c", 1.0), InvalidTypeError),  # type: ignore[arg-type]
-    "term bool": (Leadership("s", "c", True), InvalidTypeError),
-    "term negative": (Leadership("s", "c", -1), InvalidKeyError),
-    "term over 2**63-1": (Leadership("s", "c", 2**63), InvalidKeyError),
-    "leader id int": (Leadership("s", 7, 1), InvalidTypeError),  # type: ignore[arg-type]
-    "leader id with slash": (Leadership("s", "a/b", 1), InvalidKeyError),
-    "service empty": (Leadership("", "c", 1), InvalidKeyError),
-}
-
-
-@pytest.mark.parametrize("case", sorted(BAD_LEADERSHIPS))
-def test_bad_fence_fields_raise(consensus_shared_session: Session, consensus_ns: str, case: str) -> None:
-    """A Leadership whose service, leader id or term is malformed raises before the backend is called."""
-    fence, error = BAD_LEADERSHIPS[case]
-    storage = consensus_shared_session.storage
-    with pytest.raises(error, match="fence"):
-        storage.put(f"{consensus_ns}/k", b"v", fence=fence)
-    storage.put(f"{consensus_ns}/k", b"v")
-    with pytest.raises(error, match="fence"):
-        storage.update(f"{consensus_ns}/k", b"w", fence=fence)
-    with pytest.raises(error, match="fence"):
-        storage.delete(f"{consensus_ns}/k", fence=fence)
-    fetched = storage.fetch(f"{consensus_ns}/k")
-    assert fetched is not None and fetched.value == b"v"
-
-
 @pytest.mark.parametrize("fence", ["leader", 3, ("svc", "leader", 3)], ids=_type_name)
 def test_bad_fence_type_raises(consensus_shared_session: Session, consensus_ns: str, fence: Any) -> None:
     """A fence that is not a Leadership raises InvalidTypeError on put, update and delete."""
@@ -343,25 +299,6 @@ def test_bad_option_value_raises_configuration_error(consensus_url: str, option:
     """A known option with an unusable value raises ConfigurationError naming the option."""
     with pytest.raises(ConfigurationError, match=option):
         consensus_api.connect(consensus_url, **{option: value})
-
-
-@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), 0, -1, 1e12, "5", True])
-def test_bad_coordinator_timeouts_raise_configuration_error(
-    consensus_shared_session: Session, seconds: Any
-) -> None:
-    """rebalance_timeout and ensure_active_group(timeout=) outside 0.01 s to one day raise
-    ConfigurationError before the coordinator joins anything."""
-    group = unique("ct-group")
-    with pytest.raises(ConfigurationError):
-        consensus_shared_session.coordinator(group, "t", RecordingHandler(), rebalance_timeout=seconds)
-    with pytest.raises(ConfigurationError):
-        consensus_shared_session.incremental_coordinator(group, ["r"], print, rebalance_timeout=seconds)  # type: ignore[arg-type]
-    coordinator = consensus_shared_session.coordinator(group, "t", RecordingHandler())
-    try:
-        with pytest.raises(ConfigurationError):
-            coordinator.ensure_active_group(seconds)
-    finally:
-        coordinator.close()
 
 
 def test_unreachable_backend_raises_within_connect_timeout(consensus_url: str, tmp_path: Path) -> None:
