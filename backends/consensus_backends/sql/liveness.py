@@ -15,6 +15,7 @@ import math
 import threading
 import time
 import uuid
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -56,6 +57,7 @@ class Liveness:
     #: When the last renewal that committed began (monotonic): by the heartbeat or a write.
     _renewed_at: float
 
+    @abstractmethod
     def _run(
         self,
         work: Callable[[Connection], R],
@@ -66,7 +68,6 @@ class Liveness:
         retry: bool = True,
     ) -> R:
         """One transaction (``SQLBackend._run``)."""
-        raise NotImplementedError
 
     def _beat(self) -> None:
         """Renew the lease every ``session_timeout / 3``, and reap expired leases with it.
