@@ -10,6 +10,7 @@ sources win. Every value is checked here, before any I/O.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import ssl
@@ -120,7 +121,9 @@ def parse_url(url: str) -> tuple[BackendURL, dict[str, str]]:
 def _parse_endpoint(text: str, scheme: str) -> Endpoint:
     host, port_text = text, ""
     if text.startswith("["):
-        host, _, tail = text[1:].partition("]")
+        host, bracket, tail = text[1:].partition("]")
+        if not bracket:
+            raise ConfigurationError(f"malformed host {text!r} in the {scheme}:// URL (no closing ']')")
         port_text = tail[1:] if tail.startswith(":") else tail
         if tail and not tail.startswith(":"):
             raise ConfigurationError(f"malformed host {text!r} in the {scheme}:// URL")
@@ -137,15 +140,29 @@ def _parse_endpoint(text: str, scheme: str) -> Endpoint:
     return Endpoint(host, int(port_text))
 
 
-def positive_float(value: Any) -> float:
-    """Parse a positive number of seconds."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"expected a positive number, got {value!r}") from None
-    if isinstance(value, bool) or not number > 0 or number == float("inf"):
-        raise ValueError(f"expected a positive number, got {value!r}")
-    return number
+#: One day: the longest timeout, session or interval any option accepts (a thread's wait, a
+#: lease or a heartbeat beyond it overflows or never fires in some client library).
+MAX_SECONDS = 86400.0
+
+
+def seconds(low: float, high: float = MAX_SECONDS) -> Callable[[Any], float]:
+    """A parser of a number of seconds from ``low`` to ``high`` (NaN, inf and bools refused)."""
+
+    def parse(value: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            number = math.nan
+        if isinstance(value, bool) or not low <= number <= high:
+            raise ValueError(f"expected a number of seconds from {low:g} to {high:g}, got {value!r}")
+        return number
+
+    return parse
+
+
+#: The ranges of the common timing options (docs/spec.md section 2).
+SESSION_TIMEOUT = seconds(0.5)
+CALL_TIMEOUT = seconds(0.01)
 
 
 def boolean(value: Any) -> bool:
@@ -194,9 +211,9 @@ class Alias:
 
 
 COMMON_OPTIONS: Mapping[str, OptionParser] = {
-    "session_timeout": positive_float,
-    "connect_timeout": positive_float,
-    "request_timeout": positive_float,
+    "session_timeout": SESSION_TIMEOUT,
+    "connect_timeout": CALL_TIMEOUT,
+    "request_timeout": CALL_TIMEOUT,
     "auto_rejoin": boolean,
 }
 

@@ -24,7 +24,13 @@ class SessionLostError(ConsensusError):
 
 
 class OperationTimeoutError(ConsensusError):
-    """A call did not complete within ``request_timeout``; its effect is unknown."""
+    """A call did not complete within ``request_timeout``; its effect is unknown, unless
+    ``not_applied`` is True: the backend knows the call changed nothing (e.g. it never got the
+    database's write lock), so it is safe to retry."""
+
+    def __init__(self, message: str, *, not_applied: bool = False) -> None:
+        super().__init__(message)
+        self.not_applied = not_applied
 
 
 class KeyExistsError(ConsensusError):

@@ -10,6 +10,8 @@ from consensus_api.errors import InvalidKeyError, InvalidTypeError, ValueTooLarg
 MAX_KEY_BYTES = 1024
 MAX_SEGMENT_CHARS = 255
 MAX_VALUE_BYTES = 1024 * 1024
+#: The largest version and term: every backend stores them as signed 64-bit integers.
+MAX_VERSION = 2**63 - 1
 SEPARATOR = "/"
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
@@ -61,14 +63,19 @@ def check_value(value: Any, what: str = "value") -> bytes:
 
 
 def check_version(version: Any) -> int | None:
-    """Return ``version`` if it is None or a non-negative int."""
+    """Return ``version`` if it is None or an int from 0 to ``MAX_VERSION``."""
     if version is None:
         return None
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise InvalidTypeError(f"version must be int or None, not {type(version).__name__}")
-    if version < 0:
-        raise InvalidKeyError(f"version must not be negative, got {version}")
-    return version
+    return check_int(version, "version", 0)
+
+
+def check_int(number: Any, what: str, low: int) -> int:
+    """Return ``number`` if it is an int (not a bool) from ``low`` to ``MAX_VERSION``."""
+    if not isinstance(number, int) or isinstance(number, bool):
+        raise InvalidTypeError(f"{what} must be int, not {type(number).__name__}")
+    if not low <= number <= MAX_VERSION:
+        raise InvalidKeyError(f"{what} must be from {low} to 2**63-1, got {number}")
+    return number
 
 
 def parent_of(key: str) -> str:

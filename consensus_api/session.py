@@ -191,7 +191,7 @@ class Session(Closing):
             )
             self._backend.open()
         except BaseException:
-            self._dispatcher.stop(0)
+            self._dispatcher.stop(1.0)  # a failed connect leaves no thread behind
             raise
         self._port = _Port(self)
         self.storage = Storage(self._port)

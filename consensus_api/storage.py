@@ -7,7 +7,14 @@ from typing import Any, TypeVar
 
 from consensus_api._session_port import SessionPort
 from consensus_api.errors import FencedError, InvalidTypeError, SessionLostError
-from consensus_api.keys import check_key, check_namespace, check_value, check_version
+from consensus_api.keys import (
+    check_int,
+    check_key,
+    check_namespace,
+    check_segment,
+    check_value,
+    check_version,
+)
 from consensus_api.lock import Lease, lease_fence
 from consensus_api.model import Leadership, SessionState, Versioned
 
@@ -86,11 +93,17 @@ class Storage:
 
 
 def _check_fence(fence: Any) -> Leadership | None:
-    """The leadership a write is fenced by: ``fence`` itself, or the one an exclusive lease stands for."""
+    """The leadership a write is fenced by: ``fence`` itself, or the one an exclusive lease stands for,
+    its fields checked (a service name, a candidate id, a term from 0 to 2**63-1)."""
     if isinstance(fence, Lease):
-        return lease_fence(fence)
-    if fence is not None and not isinstance(fence, Leadership):
+        fence = lease_fence(fence)
+    if fence is None:
+        return None
+    if not isinstance(fence, Leadership):
         raise InvalidTypeError(
             f"fence must be a Leadership, an exclusive Lease or None, not {type(fence).__name__}"
         )
+    check_key(fence.service, "fence service")
+    check_segment(fence.leader_id, "fence leader id")
+    check_int(fence.term, "fence term", 0)
     return fence

@@ -79,7 +79,9 @@ def test_parse_url_multi_host_credentials_and_query() -> None:
     assert url.host_list(2181) == "h1:2181,::1:2182,h3:2181"
 
 
-@pytest.mark.parametrize("bad", ["nourl", "://x", "etcd://h:99999", "etcd://h:port", "etcd://bad host:1"])
+@pytest.mark.parametrize(
+    "bad", ["nourl", "://x", "etcd://h:99999", "etcd://h:port", "etcd://bad host:1", "etcd://[::1:2379/x"]
+)
 def test_malformed_urls_raise_configuration_error(bad: str) -> None:
     """Malformed URLs are ConfigurationErrors."""
     with pytest.raises(ca.ConfigurationError):

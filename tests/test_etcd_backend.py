@@ -579,3 +579,10 @@ def test_tls_with_client_certificates(tmp_path: Path) -> None:
                     f"etcd://{HOST}:{client}/tls", connect_timeout=10, tls_ca=options["tls_ca"], **refused
                 )
             assert time.monotonic() - started < 2
+
+
+@pytest.mark.parametrize("url", ["etcd:///x", "etcd://", "etcd://[::1:2379/x"])
+def test_url_without_a_host_or_with_a_malformed_one_is_refused(url: str) -> None:
+    """No host, or an IPv6 host without its closing bracket: ConfigurationError before any I/O."""
+    with pytest.raises(ca.ConfigurationError, match="host"):
+        ca.connect(url, connect_timeout=1)

@@ -4,8 +4,11 @@ its change log's holes."""
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -17,11 +20,12 @@ import sqlalchemy
 import consensus_api as ca
 from consensus_api import MembershipChanged, OperationTimeoutError, ValueChanged, registry
 from consensus_api.config import Options, Security, parse_url
-from consensus_api.conformance.helpers import EventLog
+from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.testing import ServerHandle, start_server
 from consensus_backends.sql.engine import create, is_retryable, sqlite_write_lock_holder, stall_limit
 
+ROOT = Path(__file__).resolve().parent.parent
 SESSION_TIMEOUT = 12.0
 #: How late after the lease's expiry the member may leave: REAP_SLACK, one heartbeat transaction, the
 #: 25 ms change-log poll and the dispatcher take ~0.1 s (benchmarks: failover.py); the bound leaves a
@@ -104,8 +108,9 @@ def test_sqlite_names_the_process_holding_the_write_lock(tmp_path: Path) -> None
         try:
             holder.expect("READY", 30)
             assert sqlite_write_lock_holder(str(tmp_path / "locked.db")) == holder.pid
-            with pytest.raises(OperationTimeoutError, match=f"held by process {holder.pid}"):
+            with pytest.raises(OperationTimeoutError, match=f"held by process {holder.pid}") as refused:
                 session.storage.put("blocked", b"x")
+            assert refused.value.not_applied, "BEGIN IMMEDIATE never got the lock: nothing was written"
             assert session.storage.fetch("k") is not None  # reads go on (WAL)
         finally:
             holder.close()
@@ -245,3 +250,61 @@ def test_mariadb_change_in_flight_when_a_session_opens_reaches_its_listeners(mar
                     assert early.wait_count(2)[1] == ValueChanged("early", b"v2", 2)
         finally:
             engine.dispose()
+
+
+@pytest.mark.parametrize("value", [1e300, 0, 1e-9, "nan", float("inf"), 61])
+def test_poll_interval_out_of_range_is_refused(tmp_path: Path, value: object) -> None:
+    """poll_interval outside 1 ms to 60 s (1e300 silenced every listener) is a ConfigurationError."""
+    with pytest.raises(ca.ConfigurationError, match="poll_interval"):
+        ca.connect(f"sqlite:///{tmp_path / 'x.db'}", poll_interval=value)
+    assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_sqlite_file_deleted_or_replaced_loses_the_session(tmp_path: Path, how: str) -> None:
+    """A session whose database file is deleted or replaced goes LOST within session_timeout / 3 and
+    its fenced writes fail, so the leader a session on the new file elects (at term 1 again) is the
+    only one writing; it then reopens on the new file and queues again."""
+    database = tmp_path / "moved.db"
+    url, timeout = f"sqlite:///{database}", 3.0
+    with ca.connect(url, session_timeout=timeout) as old:
+        states = EventLog[ca.SessionState]("old session states")
+        old.add_state_listener(states)
+        assert old.election("svc").nominate("a")
+        old_fence = old.election("svc").leadership()
+        assert old_fence is not None and old_fence.term == 1
+        aside = tmp_path / "aside"
+        aside.mkdir()
+        for path in tmp_path.glob("moved.db*"):
+            path.rename(aside / path.name)  # one rename per file: what rm or mv of moved.db* does
+        if how == "replaced":
+            sqlite3.connect(tmp_path / "fresh.db").close()
+            (tmp_path / "fresh.db").rename(database)
+        with ca.connect(url, session_timeout=timeout) as new:
+            assert new.election("svc").nominate("b")
+            new_fence = new.election("svc").leadership()
+            assert new_fence == ca.Leadership("svc", "b", 1)  # the same term as the old leader's
+            lost = states.wait_index(lambda state: state is ca.SessionState.LOST, timeout / 3 + 2)
+            with pytest.raises((ca.FencedError, ca.SessionLostError)):
+                old.storage.put("k", b"by a", fence=old_fence)
+            assert new.storage.put("k", b"by b", fence=new_fence) > 0
+            states.wait_for(lambda state: state is ca.SessionState.CONNECTED, timeout + 2, since=lost + 1)
+            wait_until(lambda: new.election("svc").leadership() == new_fence, 5, what="b still leads")
+            assert old.storage.fetch("k") == new.storage.fetch("k")  # one file for both now
+            with pytest.raises(ca.FencedError):
+                old.storage.put("k2", b"by a", fence=old_fence)
+
+
+def test_sqlite_sessions_keep_their_leases_under_write_load(tmp_path: Path) -> None:
+    """4 processes x 4 threads of compare-and-set writes on one key for 10 s (session_timeout 3 s,
+    request_timeout 2 s): no session goes SUSPENDED or LOST, no write's effect is unknown, and the
+    counter holds exactly the acknowledged increments (benchmarks/write_load.py, shortened)."""
+    output = tmp_path / "load.json"
+    command = [sys.executable, "-m", "benchmarks.write_load", f"sqlite:///{tmp_path / 'load.db'}"]
+    command += ["--processes", "4", "--threads", "4", "--seconds", "10", "--output", str(output)]
+    subprocess.run(command, cwd=ROOT, check=True, timeout=120, stdout=subprocess.DEVNULL)
+    result = json.loads(output.read_text())
+    assert result["acked"] > 0 and result["exact"], result
+    assert (result["suspended"], result["lost"], result["unknown"], result["other_errors"]) == (0, 0, 0, 0), (
+        result
+    )

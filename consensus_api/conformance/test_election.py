@@ -191,7 +191,8 @@ def test_fence_without_any_leader_fails(consensus_session: Session, consensus_ns
 
 
 def test_fence_with_forged_term_fails(consensus_session: Session, consensus_ns: str) -> None:
-    """A Leadership with a term that was never issued (or another service) fences the write out."""
+    """A Leadership with a term that was never issued, another service or another leader id (an
+    intruder presenting the current term) fences the write out."""
     service = unique("ct-service")
     election = consensus_session.election(service)
     election.nominate("leader")
@@ -200,6 +201,7 @@ def test_fence_with_forged_term_fails(consensus_session: Session, consensus_ns: 
     forged = [
         Leadership(service, "leader", real.term + 1_000_000),
         Leadership(unique("ct-other"), "leader", real.term),
+        Leadership(service, "intruder", real.term),
     ]
     for fence in forged:
         with pytest.raises(FencedError):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from consensus_api.closing import Closing
+from consensus_api.config import CALL_TIMEOUT
 from consensus_api.coordinator.generic.loop import StepThread
 from consensus_api.errors import ConfigurationError, ConsensusError, OperationTimeoutError, SessionLostError
 from consensus_api.keys import check_key
@@ -69,10 +70,11 @@ class GroupMember(Closing):
         """
         if self._thread.current():
             raise ConsensusError("ensure_active_group cannot be called from a coordinator callback")
-        bound = (
-            self.rebalance_timeout + self._session.settings.request_timeout if timeout is None else timeout
-        )
-        deadline = time.monotonic() + _positive(bound, bound)
+        if timeout is None:
+            bound = self.rebalance_timeout + self._session.settings.request_timeout
+        else:
+            bound = _positive(timeout, 0.0)
+        deadline = time.monotonic() + bound
         if self._thread.stopping:
             raise self._error or self._closed()
         self._thread.start()
@@ -107,8 +109,13 @@ class GroupMember(Closing):
 
 
 def _positive(value: float | None, default: float) -> float:
+    """``value`` (``default`` for None) if it is a number of seconds from 0.01 to ``MAX_SECONDS``,
+    else ``ConfigurationError``."""
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigurationError(f"expected a positive number of seconds, got {value!r}")
-    return float(value)
+    if not isinstance(value, int | float):
+        raise ConfigurationError(f"expected a number of seconds, got {value!r}")
+    try:
+        return CALL_TIMEOUT(value)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None

@@ -8,6 +8,7 @@
         proxy.heal()                      # everything flows again
         proxy.drop()                      # every connection closed (RST); new ones refused
         proxy.heal()
+        proxy.stall_after(1)              # the server's first reply goes through, then a partition
 
 ``stall`` is what a network partition looks like to both ends: bytes already
 sent sit in the kernels' buffers and the peers' TCP stacks keep the
@@ -15,7 +16,9 @@ connections up, but no request reaches the server and no answer the client.
 ``heal`` lets the stalled bytes through, as TCP retransmission would after a
 partition heals. ``drop`` is what a crashed middlebox or a firewall reset
 looks like: every connection is reset and new connections are reset on
-accept until ``heal``.
+accept until ``heal``. ``stall_after(n)`` stalls once ``n`` replies (what one
+read from the server returns) went through: a server that answers a
+handshake, then goes silent.
 
 Each connection has two pump threads; all threads are daemons and every wait
 is bounded, so ``close`` returns within about a second.
@@ -83,6 +86,7 @@ class TcpProxy(Closing):
         self._flowing = threading.Event()
         self._flowing.set()
         self._refusing = False
+        self._replies_left: int | None = None
         self._closed = False
         self._links: set[_Link] = set()
         self._threads: list[threading.Thread] = []
@@ -93,6 +97,13 @@ class TcpProxy(Closing):
     def stall(self) -> None:
         """Stop forwarding in both directions; connections stay open (a partition)."""
         self._flowing.clear()
+
+    def stall_after(self, replies: int) -> None:
+        """Forward ``replies`` more reads from the server (counted over every connection), then stall."""
+        with self._lock:
+            self._replies_left = replies
+        if replies <= 0:
+            self.stall()
 
     def drop(self) -> None:
         """Reset every connection; refuse (reset) new ones until ``heal``."""
@@ -107,6 +118,7 @@ class TcpProxy(Closing):
         """Forward again and accept new connections."""
         with self._lock:
             self._refusing = False
+            self._replies_left = None
         self._flowing.set()
 
     @property
@@ -191,11 +203,22 @@ class TcpProxy(Closing):
                 if not data:
                     break
                 sink.sendall(data)
+                if source is link.upstream:
+                    self._count_reply()
         except (OSError, ValueError):
             pass
         with self._lock:
             self._links.discard(link)
         link.close()
+
+    def _count_reply(self) -> None:
+        with self._lock:
+            if self._replies_left is None:
+                return
+            self._replies_left -= 1
+            if self._replies_left <= 0:
+                self._replies_left = None
+                self._flowing.clear()
 
 
 def url_at(url: str, host: str, port: int) -> str:

@@ -76,6 +76,8 @@ class EtcdBackend(Backend):
 
     def __init__(self, url: BackendURL, options: Options, events: BackendEvents) -> None:
         super().__init__(url, options, events)
+        if not url.endpoints:
+            raise ConfigurationError("an etcd:// URL needs at least one host, e.g. etcd://127.0.0.1:2379/app")
         self._layout = Layout.from_path(url.path)
         self._lock = threading.Lock()
         self._owned: set[bytes] = set()
@@ -88,9 +90,7 @@ class EtcdBackend(Backend):
 
     def open(self) -> None:
         """Authenticate, read the current revision, start the watch and grant the session's lease."""
-        endpoints = [(e.host, e.port or DEFAULT_PORT) for e in self.url.endpoints] or [
-            ("127.0.0.1", DEFAULT_PORT)
-        ]
+        endpoints = [(e.host, e.port or DEFAULT_PORT) for e in self.url.endpoints]
         self._client = EtcdClient(
             endpoints,
             tls=self._tls(),

@@ -24,7 +24,6 @@ transaction. Nothing else reads it.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import signal
@@ -39,7 +38,7 @@ import sqlalchemy
 from sqlalchemy import Connection, Engine
 
 from consensus_api.backend import Backend, Target
-from consensus_api.config import BackendURL, boolean, positive_float
+from consensus_api.config import BackendURL, boolean, seconds
 from consensus_api.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -48,7 +47,7 @@ from consensus_api.errors import (
 )
 from consensus_api.model import Leadership, SessionState, Versioned
 from consensus_backends.sql import ephemeral, store
-from consensus_backends.sql.changes import ChangeFeed, prune
+from consensus_backends.sql.changes import ChangeFeed
 from consensus_backends.sql.engine import (
     MIN_CONNECT_LEFT,
     Watchdog,
@@ -59,7 +58,10 @@ from consensus_backends.sql.engine import (
     is_retryable,
     permanent_connect_failure,
 )
+from consensus_backends.sql.filecheck import FileIdentity
+from consensus_backends.sql.liveness import Liveness
 from consensus_backends.sql.schema import Tables
+from consensus_backends.sql.writelock import begin_eagerly, is_busy
 
 if TYPE_CHECKING:
     from consensus_api.conformance.profile import TestProfile
@@ -68,15 +70,10 @@ log = logging.getLogger("consensus_api.sql")
 
 R = TypeVar("R")
 RETRY_PAUSE = 0.05
-#: Seconds between heartbeats while the database is unreachable.
-TROUBLE_PAUSE = 0.25
 #: A heartbeat connects while any time is left before the lease lapses (a restarted server is
 #: back in milliseconds); against a server that stopped answering, LOST may then come up to
 #: libpq's minimum connect timeout (2 s) late.
 HEARTBEAT_CONNECT_LEFT = 0.05
-#: A heartbeat due to reap a lease comes this many seconds after the lease expires (database
-#: clock); it is also the shortest pause between heartbeats, so they never spin.
-REAP_SLACK = 0.01
 
 #: Keys per page of ``walk``.
 WALK_PAGE = 500
@@ -96,12 +93,12 @@ def table_prefix(value: Any) -> str:
     return value
 
 
-class SQLBackend(Backend):
+class SQLBackend(Liveness, Backend):
     """Coordination state in SQL tables; see the module docstring for guarantees."""
 
     options = {
         "table_prefix": table_prefix,
-        "poll_interval": positive_float,
+        "poll_interval": seconds(0.001, 60.0),
         "tls": boolean,  # enables the common security options (docs/spec.md section 2)
     }
 
@@ -110,6 +107,7 @@ class SQLBackend(Backend):
         extra = self.settings.extra
         self._engine: Engine = create(self.url, self.settings)
         self._guarded = self._engine.dialect.name != "sqlite"
+        self._file = FileIdentity(None if self._guarded else self._engine.url.database)
         self._watchdog = Watchdog()
         self._tables = Tables(str(extra.get("table_prefix", "consensus_")))
         self._session_id = uuid.uuid4().hex
@@ -126,6 +124,8 @@ class SQLBackend(Backend):
         self._heartbeat = threading.Thread(target=self._beat, name="consensus-sql-heartbeat", daemon=True)
         self._state_lock = threading.Lock()
         self._beat_state = SessionState.CONNECTED
+        #: When the last renewal that committed began (monotonic): by the heartbeat or a write.
+        self._renewed_at = time.monotonic()
 
     @property
     def name(self) -> str:
@@ -144,6 +144,8 @@ class SQLBackend(Backend):
                         f"cannot reach {self.url.redacted()} within {self.settings.connect_timeout} s: {exc}"
                     ) from None
                 time.sleep(RETRY_PAUSE)
+        self._file.arm()
+        self._renewed_at = time.monotonic()
         self._feed.start()
         self._heartbeat.start()
 
@@ -279,7 +281,9 @@ class SQLBackend(Backend):
         server restart). Without ``retry`` (the heartbeat, which is a retry loop
         itself) only deadlocks and serialization failures are retried. A call
         that outlives ``deadline`` has its connection cut (``Watchdog``):
-        ``OperationTimeoutError``.
+        ``OperationTimeoutError``, with ``not_applied`` when no COMMIT was sent
+        (also SQLite's ``BEGIN IMMEDIATE`` that never got the write lock, which
+        is retried until ``deadline``; see ``writelock``).
         """
         deadline = deadline or time.monotonic() + self.settings.request_timeout
         while True:
@@ -300,21 +304,26 @@ class SQLBackend(Backend):
                 ) from None
             except sqlalchemy.exc.TimeoutError:
                 raise OperationTimeoutError(
-                    f"no free {self.name} connection in the pool within request_timeout"
+                    f"no free {self.name} connection in the pool within request_timeout; not applied",
+                    not_applied=True,
                 ) from None
             guard = self._watchdog.arm(conn.connection.dbapi_connection, deadline) if self._guarded else None
-            committing = cut = False
+            committing = cut = begun = False
             try:
                 with conn:
                     try:
                         with conn.begin():
-                            begin_sqlite(conn, write)
+                            self._begin(conn, write, retry, deadline)
+                            begun = True
+                            renewing = self._renew_in(conn) if write and retry else None
                             if fence is not None:
                                 ephemeral.check_fence(conn, self._tables, fence)
                             result = work(conn)
                             if fence is not None and os.environ.pop(STOP_IN_FENCED_WRITE, None) is not None:
                                 os.kill(os.getpid(), signal.SIGSTOP)
                             committing = True
+                        if renewing is not None:
+                            self._renewed(renewing)
                         return result
                     finally:  # before the connection goes back to the pool, where another call may take it
                         cut = guard is not None and self._watchdog.disarm(guard)
@@ -324,109 +333,24 @@ class SQLBackend(Backend):
                 ) from None
             except sqlalchemy.exc.DBAPIError as exc:
                 stale = retry and exc.connection_invalidated and not committing and not cut
-                if (stale or is_retryable(exc)) and time.monotonic() + RETRY_PAUSE < deadline:
+                locked_out = not begun and is_busy(exc)  # SQLite: it never got the write lock
+                if (stale or locked_out or is_retryable(exc)) and time.monotonic() + RETRY_PAUSE < deadline:
                     time.sleep(RETRY_PAUSE)
                     continue
                 reason = "no answer within request_timeout" if cut else describe_error(exc, self._engine)
+                if not committing:  # no COMMIT was sent: the database rolls the transaction back
+                    raise OperationTimeoutError(
+                        f"{self.name} did not complete the call ({reason}) before its commit; "
+                        "it was not applied",
+                        not_applied=True,
+                    ) from None
                 raise OperationTimeoutError(
                     f"{self.name} did not complete the call ({reason}); its effect is unknown"
                 ) from None
 
-    def _beat(self) -> None:
-        """Renew the lease every ``session_timeout / 3``, and reap expired leases with it.
-
-        Each renewal also learns when the earliest lease expires; if that is
-        before the next heartbeat is due, the heartbeat comes ``REAP_SLACK``
-        after that expiry instead, so a dead session is reaped as its lease
-        expires. A live session renews every ``session_timeout / 3``, so its
-        lease always expires later than the next heartbeat and causes none.
-
-        An attempt is the retry: it fails at once when the database cannot be
-        reached (SUSPENDED; tried again every ``TROUBLE_PAUSE``) and never runs
-        past the moment the lease lapses, which is counted from the *start* of
-        the last successful renewal (LOST). An attempt still running after
-        ``session_timeout / 3`` (a server that stopped answering) is reported
-        SUSPENDED while it goes on.
-        """
-        ttl = self.settings.session_timeout
-        last_renewal = time.monotonic()
-        pause = ttl / 3
-        while not self._stop.wait(pause):
-            started = time.monotonic()
-            pause = TROUBLE_PAUSE
-            if self._beat_state is not SessionState.LOST and started >= last_renewal + ttl:
-                self._report(SessionState.LOST)  # the lease lapsed by our own clock
-            try:
-                if self._beat_state is SessionState.LOST:
-                    self._replace_lease(started + self.settings.request_timeout)
-                    next_expiry: float | None = math.inf
-                else:
-                    deadline = min(started + self.settings.request_timeout, last_renewal + ttl)
-                    next_expiry = self._renew_watched(deadline, ttl / 3)
-            except (OperationTimeoutError, BackendUnavailableError, SessionLostError) as exc:
-                log.debug("heartbeat failed: %s", exc)
-                lapsed = time.monotonic() - last_renewal > ttl
-                lost = lapsed or self._beat_state is SessionState.LOST
-                if lapsed and self._beat_state is not SessionState.LOST:
-                    log.warning("the session is lost: no renewal for session_timeout; the last try: %s", exc)
-                self._report(SessionState.LOST if lost else SessionState.SUSPENDED)
-                continue
-            if next_expiry is None:
-                self._report(SessionState.LOST)
-                try:
-                    self._replace_lease(time.monotonic() + self.settings.request_timeout)
-                except (OperationTimeoutError, BackendUnavailableError, SessionLostError) as exc:
-                    log.debug("re-establishing the session failed: %s", exc)
-                    continue
-                next_expiry = math.inf
-            last_renewal = started
-            pause = min(ttl / 3, max(next_expiry, 0.0) + REAP_SLACK)
-            self._report(SessionState.CONNECTED)
-
-    def _renew_watched(self, deadline: float, slow: float) -> float | None:
-        """One renewal (``_renew``); SUSPENDED is reported if it is still running after ``slow`` seconds."""
-        running = threading.Event()
-        running.set()
-
-        def report_slow() -> None:
-            with self._state_lock:
-                if running.is_set() and self._beat_state is SessionState.CONNECTED:
-                    self._beat_state = SessionState.SUSPENDED
-                    self.events.state_changed(SessionState.SUSPENDED)
-
-        timer = threading.Timer(slow, report_slow)
-        timer.daemon = True
-        timer.start()
-        try:
-            return self._run(self._renew, deadline=deadline, retry=False)
-        finally:
-            with self._state_lock:
-                running.clear()
-            timer.cancel()
-
-    def _renew(self, conn: Connection) -> float | None:
-        """Renew this session's lease and reap expired ones: seconds until the earliest lease left
-        expires, or None if this session's lease had expired."""
-        if not ephemeral.renew_lease(conn, self._tables, self._session_id, self.settings.session_timeout):
-            return None
-        ephemeral.reap_expired(conn, self._tables)
-        prune(conn, self._tables)
-        return ephemeral.next_expiry(conn, self._tables)
-
-    def _replace_lease(self, deadline: float) -> None:
-        """After a loss: drop what is left of the old lease and open a new one."""
-        old, new = self._session_id, uuid.uuid4().hex
-
-        def swap(conn: Connection) -> None:
-            ephemeral.drop_sessions(conn, self._tables, [old])
-            ephemeral.open_lease(conn, self._tables, new, self.settings.session_timeout)
-
-        self._run(swap, deadline=deadline, retry=False)
-        self._session_id = new
-
-    def _report(self, state: SessionState) -> None:
-        with self._state_lock:
-            if state is self._beat_state:
-                return
-            self._beat_state = state
-            self.events.state_changed(state)
+    def _begin(self, conn: Connection, write: bool, retry: bool, deadline: float) -> None:
+        """SQLite's ``BEGIN``: eager for the heartbeat's write (``writelock``); no-op elsewhere."""
+        if write and not retry and not self._guarded:
+            begin_eagerly(conn, deadline, self.settings.request_timeout)
+        else:
+            begin_sqlite(conn, write)

@@ -82,6 +82,7 @@ class ChangeFeed:
         self._stop = threading.Event()
         self._last = 0
         self._holes: Holes | None = None  # MySQL/MariaDB only
+        self._rewound = threading.Event()
         self._thread = threading.Thread(target=self._run, name="consensus-sql-changes", daemon=True)
 
     def start(self) -> None:
@@ -93,6 +94,11 @@ class ChangeFeed:
                 committed = conn.execute(select(revision).where(revision > self._last - START_WINDOW))
                 self._holes = Holes(self._last, committed.scalars())
         self._thread.start()
+
+    def rewind(self) -> None:
+        """Read the log from its start again, and re-read every watched target: the SQLite database
+        file was replaced, so its log starts over (SQLite only)."""
+        self._rewound.set()
 
     def stop(self, timeout: float) -> None:
         """End the thread; waits at most ``timeout``."""
@@ -113,6 +119,10 @@ class ChangeFeed:
         holes = self._holes
         last = self._last if holes is None else holes.last
         while not self._stop.wait(self._poll_interval):
+            if self._rewound.is_set():
+                self._rewound.clear()
+                last = 0
+                self._resync()
             try:
                 with self._engine.connect() as conn:
                     rows = conn.execute(

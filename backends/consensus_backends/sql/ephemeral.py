@@ -143,7 +143,8 @@ def leadership(conn: Connection, t: Tables, service: str) -> Leadership | None:
 
 
 def check_fence(conn: Connection, t: Tables, fence: Leadership) -> None:
-    """Raise ``FencedError`` unless ``fence`` is current and its leader's lease unexpired.
+    """Raise ``FencedError`` unless ``fence`` (service, leader id and term) is current and its
+    leader's lease unexpired.
 
     The leaders row stays share-locked until the transaction ends, so no change
     of leader can commit between this check and the fenced write. (MySQL cannot
@@ -153,17 +154,17 @@ def check_fence(conn: Connection, t: Tables, fence: Leadership) -> None:
     if is_mysql(conn):
         conn.execute(select(lc.term).where(lc.service == fence.service).with_for_update(read=True))
     query = (
-        select(lc.term)
+        select(lc.term, lc.leader_id)
         .join_from(t.leaders, t.sessions, lc.session_id == sc.id)
         .where(lc.service == fence.service, sc.expires_at >= db_now(conn.dialect.name))
     )
     if conn.dialect.name == "postgresql":
         query = query.with_for_update(read=True, of=t.leaders)
-    term = conn.execute(query).scalar()
-    if term != fence.term:
+    row = conn.execute(query).first()
+    if row is None or (row.term, row.leader_id) != (fence.term, fence.leader_id):
         raise FencedError(
-            f"leadership of {fence.service!r} at term {fence.term} is no longer current"
-            + (f" (the term is now {term})" if term is not None else " (nobody leads it now)")
+            f"leadership of {fence.service!r} by {fence.leader_id!r} at term {fence.term} is not current"
+            + (f" (the term is now {row.term})" if row is not None else " (nobody leads it now)")
         )
 
 

@@ -18,7 +18,12 @@ from kazoo.exceptions import KazooException
 
 from consensus_api.backend import Backend, BackendEvents, Target
 from consensus_api.config import BackendURL, OptionParser, Options
-from consensus_api.errors import ConsensusError
+from consensus_api.errors import (
+    BackendUnavailableError,
+    ConsensusError,
+    OperationTimeoutError,
+    SessionLostError,
+)
 from consensus_api.model import Leadership, Versioned
 from consensus_backends.zookeeper.connection import Connection
 from consensus_backends.zookeeper.election import Elections
@@ -61,9 +66,13 @@ class ZooKeeperBackend(Backend):
         return f"<ZooKeeperBackend {self.url.redacted()}>"
 
     def open(self) -> None:
-        """Connect, then create the chroot's base znodes and check that the credentials may use them."""
-        self._connection.open()
-        deadline = time.monotonic() + self.settings.request_timeout
+        """Connect, then create the chroot's base znodes and check that the credentials may use them,
+        all within ``connect_timeout``: a server that answers the handshake, then nothing, is
+        ``BackendUnavailableError`` like one that never answers; kazoo's threads and sockets are gone
+        when it is raised."""
+        timeout = self.settings.connect_timeout
+        deadline = time.monotonic() + timeout
+        self._connection.open(deadline)
         try:
             ensure(self._connection, self._layout.base_paths(), deadline)
             self._connection.read(
@@ -71,6 +80,12 @@ class ZooKeeperBackend(Backend):
                 deadline,
                 barrier=self._layout.barrier_path,
             )
+        except (OperationTimeoutError, SessionLostError) as exc:
+            self._connection.abort()
+            raise BackendUnavailableError(
+                f"ZooKeeper at {self.url.redacted()} accepted the connection but did not answer "
+                f"within connect_timeout ({timeout:g} s): {exc}"
+            ) from None
         except ConsensusError:
             self._connection.close()
             raise

@@ -2,8 +2,9 @@
 
 Guarantees:
 
-* ``open`` returns within ``connect_timeout`` (``BackendUnavailableError``
-  otherwise, with kazoo's threads left to stop in the background).
+* ``open`` returns by its deadline (``BackendUnavailableError`` otherwise);
+  ``abort`` then stops kazoo's threads and closes its sockets before it
+  returns, within ``ABORT_WAIT``.
 * ``run`` returns within its deadline; kazoo exceptions never escape: semantic
   ones (``NoNodeError``...) come back as values, the rest become
   ``ConsensusError``\\ s. Reads retry across connection loss until the deadline;
@@ -22,7 +23,9 @@ Guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +50,8 @@ from consensus_backends.zookeeper.security import Security
 log = logging.getLogger("consensus_api.zookeeper")
 
 DEFAULT_PORT = 2181
+#: Seconds ``abort`` waits for kazoo's threads to end once their socket is shut down.
+ABORT_WAIT = 2.0
 
 #: Errors that describe the data, for the caller to interpret.
 SEMANTIC = (
@@ -125,16 +130,16 @@ class Connection:
         """Whether ``stat`` is that of an ephemeral znode of the current session."""
         return stat is not None and stat.ephemeralOwner == self._session_id
 
-    def open(self) -> None:
-        """Connect; ``BackendUnavailableError`` after ``connect_timeout``."""
+    def open(self, deadline: float) -> None:
+        """Connect; ``BackendUnavailableError`` at ``deadline``, with kazoo stopped (``abort``)."""
         timeout = self._settings.connect_timeout
         try:
             self.client.start_async()
         except Exception as exc:  # kazoo could not even start its threads
-            self._stop_in_background()
+            self.abort()
             raise BackendUnavailableError(f"cannot connect to {self._url.redacted()}: {exc}") from None
-        if not self._wait_connected(0, time.monotonic() + timeout):
-            self._stop_in_background()
+        if not self._wait_connected(0, deadline):
+            self.abort()
             if self._security.tls_failure is not None:
                 raise ConfigurationError(
                     f"cannot connect to ZooKeeper at {self._url.redacted()}: {self._security.tls_failure}"
@@ -153,6 +158,31 @@ class Connection:
             self._new_epoch()
         stopper = self._stop_in_background()
         stopper.join(self._settings.request_timeout)
+
+    def abort(self) -> None:
+        """After a failed ``open``: stop kazoo without a goodbye to a server that may not answer (its
+        socket is shut down first), and wait at most ``ABORT_WAIT`` until its threads have ended."""
+        with self._lock:
+            self._closing = True
+            self._connected = False
+            self._state_changed.notify_all()
+        client = self.client
+        client._stopped.set()  # kazoo's own stop() would send a goodbye and wait 10 s for its answer
+        connection = client._connection
+        for sock, wake in ((connection._socket, False), (connection._write_sock, True)):
+            with contextlib.suppress(OSError, AttributeError):
+                sock.send(b"\0") if wake else sock.shutdown(socket.SHUT_RDWR)
+
+        def stop() -> None:
+            try:
+                client._safe_close()  # the handler's threads, then the connection thread
+                client.close()  # its socket pair
+            except Exception:
+                log.debug("stopping the kazoo client failed", exc_info=True)
+
+        thread = threading.Thread(target=stop, name="consensus-zookeeper-abort", daemon=True)
+        thread.start()
+        thread.join(ABORT_WAIT)
 
     def _stop_in_background(self) -> threading.Thread:
         def stop() -> None:

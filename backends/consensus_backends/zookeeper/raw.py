@@ -62,13 +62,14 @@ class RawTree:
     def __init__(self, url: config.BackendURL, settings: config.Options) -> None:
         self._root = chroot_of(url.path)
         self.request_timeout = settings.request_timeout
+        self.connect_timeout = settings.connect_timeout
         self._follows: list[RawFollow] = []
         self._lock = threading.Lock()
         self.connection = Connection(url, settings, Security(settings.security), self._on_state, self._resync)
 
     def open(self) -> None:
-        """Connect."""
-        self.connection.open()
+        """Connect within ``connect_timeout``."""
+        self.connection.open(time.monotonic() + self.connect_timeout)
 
     def close(self) -> None:
         """Stop every follow and disconnect."""
