@@ -13,7 +13,9 @@ backend's ``TestProfile``), ``consensus_open_session(**options)``,
 that only validate arguments), ``consensus_ns`` (a unique key namespace per
 test), ``consensus_spawn_worker(command, *args, **options)`` (a child process,
 see ``worker.py``), ``consensus_server`` (a ``consensus_api.testing.ServerHandle``
-on the tested server, from the control file ``--consensus-control`` names) and
+on the tested server, from the control file ``--consensus-control`` names; on a
+cluster a ``ClusterHandle``, whose whole-server faults act on every node),
+``consensus_cluster`` (the ``ClusterHandle`` of a cluster's control file) and
 ``consensus_record`` (a fault test's timings).
 
 Which tests apply is declared by the backend's test profile
@@ -49,6 +51,7 @@ from consensus_api.session import Session
 
 if TYPE_CHECKING:
     from consensus_api.testing import ServerHandle
+    from consensus_api.testing.cluster import ClusterHandle
 
 URL_OPTION = "--consensus-url"
 OPTION_OPTION = "--consensus-option"
@@ -151,6 +154,27 @@ def _control_problem(config: pytest.Config, url: str, profile: TestProfile) -> s
     return None
 
 
+def _cluster_problem(config: pytest.Config, url: str) -> str | None:
+    """Why the cluster tests cannot control the cluster behind ``url``, or None if they can."""
+    try:
+        profile = profile_for(url)
+        problem = _control_problem(config, url, profile)
+    except ConfigurationError as exc:
+        return str(exc)
+    if problem is not None:
+        return problem
+    assert profile.server is not None
+    path = _control_path(config, profile.server)
+    from consensus_api.testing.cluster import is_cluster_control  # noqa: PLC0415 - needs the testing extra
+
+    if path is None or not is_cluster_control(Path(path)):
+        return (
+            f"the control file {path} is a single server's: run under "
+            f"`consensus servers run {profile.server} --nodes 3 -- ...`"
+        )
+    return None
+
+
 def _markers(item: pytest.Item) -> set[str]:
     return {marker.name for marker in item.iter_markers() if marker.name in MARKERS}
 
@@ -186,6 +210,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             problem = str(exc)
         if problem is not None:
             pytest.fail(f"this test needs a controlled server: {problem}", pytrace=False)
+    if "cluster" in markers and url is not None:
+        path = _cluster_problem(item.config, url)
+        if path is not None:
+            pytest.fail(f"this test needs a controlled cluster: {path}", pytrace=False)
     if "network_namespace" in markers:
         try:
             from consensus_api.testing.netns import why_unavailable  # noqa: PLC0415 - Linux only
@@ -337,8 +365,9 @@ def consensus_record(
 @pytest.fixture(scope="session")
 def consensus_controlled_server(
     pytestconfig: pytest.Config, consensus_url: str, consensus_profile: TestProfile
-) -> ServerHandle:
-    """The tested server, from its control file; fails (never skips) when there is none."""
+) -> ServerHandle | ClusterHandle:
+    """The tested server, from its control file; fails (never skips) when there is none. For a cluster
+    a ``ClusterHandle``: the whole-server faults act on every node."""
     problem = _control_problem(pytestconfig, consensus_url, consensus_profile)
     if problem is not None:
         pytest.fail(f"this test needs a controlled server: {problem}", pytrace=False)
@@ -346,12 +375,35 @@ def consensus_controlled_server(
     path = _control_path(pytestconfig, consensus_profile.server)
     assert path is not None
     from consensus_api.testing import ServerHandle  # noqa: PLC0415 - needs the testing extra
+    from consensus_api.testing.cluster import ClusterHandle, is_cluster_control  # noqa: PLC0415
 
+    if is_cluster_control(Path(path)):
+        return ClusterHandle.attach(Path(path))
     return ServerHandle.attach(Path(path))
 
 
 @pytest.fixture
-def consensus_server(consensus_controlled_server: ServerHandle) -> Iterator[ServerHandle]:
+def consensus_cluster(
+    pytestconfig: pytest.Config, consensus_url: str, consensus_controlled_server: ServerHandle | ClusterHandle
+) -> Iterator[ClusterHandle]:
+    """The tested cluster (per node: kill, pause, resume, restart, isolate; which node leads); every
+    node running, healed and the cluster serving again after the test. Fails when there is none."""
+    from consensus_api.testing.cluster import ClusterHandle  # noqa: PLC0415 - needs the testing extra
+
+    problem = _cluster_problem(pytestconfig, consensus_url)
+    if problem is not None or not isinstance(consensus_controlled_server, ClusterHandle):
+        pytest.fail(f"this test needs a controlled cluster: {problem}", pytrace=False)
+    yield consensus_controlled_server
+    consensus_controlled_server.heal()
+    consensus_controlled_server.resume()
+    consensus_controlled_server.spawn()
+    consensus_controlled_server.wait_ready(90)
+
+
+@pytest.fixture
+def consensus_server(
+    consensus_controlled_server: ServerHandle | ClusterHandle,
+) -> Iterator[ServerHandle | ClusterHandle]:
     """The tested server (pause, resume, kill, restart); running and ready again after the test."""
     yield consensus_controlled_server
     consensus_controlled_server.resume()

@@ -33,7 +33,7 @@ from typing import Any
 
 from consensus_api.config import BackendURL, Endpoint, parse_url
 from consensus_api.errors import ConfigurationError
-from consensus_api.testing import SERVER_NAMES
+from consensus_api.testing import CLUSTER_NAMES, SERVER_NAMES
 
 #: What a test marked with each marker needs; a profile may declare any of them not applicable.
 MARKERS: Mapping[str, str] = {
@@ -43,7 +43,11 @@ MARKERS: Mapping[str, str] = {
     "session_expiry": "ending a session from the server side (TestProfile.expire_session)",
     "secured_server": "a server with TLS and passwords (`consensus servers run NAME --secure`)",
     "freezes_a_writer": "a client frozen (SIGSTOP) at any moment, even inside a write, while others write on",
+    "cluster": "a replicated cluster the suite controls per node (`consensus servers run NAME --nodes 3`)",
 }
+
+#: Why ``cluster`` tests do not apply to a URL naming fewer than two servers (``profile_for``).
+SINGLE_SERVER = "the URL names a single server; cluster tests run on `consensus servers run NAME --nodes 3`"
 
 #: ``expire_session(url, identity, timeout)``: end the session ``identity`` names on the server at ``url``.
 SessionExpirer = Callable[[BackendURL, Mapping[str, Any], float], None]
@@ -68,6 +72,8 @@ class TestProfile:
     ``unreachable_url(url, workdir)``: the tested URL moved to a place nothing
     serves, keeping scheme and path (``workdir`` is an empty scratch directory).
     ``not_applicable``: marker (``MARKERS``) -> why tests with it do not apply.
+    A backend whose ``server`` has no cluster launcher
+    (``consensus_api.testing.CLUSTER_NAMES``) must declare ``cluster``.
     ``credentials_in_url``: its URLs may carry a user name and password (False:
     such a URL is a ``ConfigurationError``, as SQLite's file URLs are).
     ``stops_inside_write``: the backend reads the test hook
@@ -104,6 +110,11 @@ class TestProfile:
                 f"test profile {self.name!r} has no server: declare 'requires_server' not applicable, "
                 "with the reason"
             )
+        if self.server not in CLUSTER_NAMES and "cluster" not in self.not_applicable:
+            raise ConfigurationError(
+                f"test profile {self.name!r}: no cluster launcher starts {self.server or 'its server'}; "
+                "declare 'cluster' not applicable, with the reason"
+            )
         if self.expire_session is None and "session_expiry" not in self.not_applicable:
             raise ConfigurationError(
                 f"test profile {self.name!r} has no expire_session: declare 'session_expiry' not "
@@ -119,7 +130,8 @@ def profile_for(url: str | BackendURL) -> TestProfile:
     """The test profile of the backend serving ``url`` (``Backend.test_profile``).
 
     ``ConfigurationError`` for an unknown scheme, a missing extra, or a backend
-    that declares no profile (never a fallback).
+    that declares no profile (never a fallback). For a URL naming fewer than
+    two servers, ``cluster`` tests are declared not applicable (``SINGLE_SERVER``).
     """
     from consensus_api.registry import load_backend  # noqa: PLC0415 - registry imports the backend SPI
 
@@ -127,6 +139,8 @@ def profile_for(url: str | BackendURL) -> TestProfile:
     profile = load_backend(parsed.scheme).test_profile(parsed)
     if not isinstance(profile, TestProfile):
         raise ConfigurationError(f"the {parsed.scheme!r} backend's test_profile() returned {profile!r}")
+    if len(parsed.endpoints) < 2 and "cluster" not in profile.not_applicable:
+        profile = replace(profile, not_applicable={**profile.not_applicable, "cluster": SINGLE_SERVER})
     return profile
 
 
