@@ -34,6 +34,8 @@ from consensus_api.testing.proxy import TcpProxy
 REQUEST_TIMEOUT = 10.0
 START_TIMEOUT = 30.0
 ACTIONS = ("stall", "drop", "heal")
+#: How long a link waits for a peer's port to accept (a node becoming leader opens its quorum port late).
+CONNECT_RETRY = 3.0
 
 
 class Links:
@@ -130,7 +132,7 @@ def _serve(spec: Path) -> None:
     """The links process: one proxy per link, commands on the control socket, until killed."""
     data = json.loads(spec.read_text())
     proxies = {
-        name: TcpProxy(int(target), listen_port=int(listen))
+        name: TcpProxy(int(target), listen_port=int(listen), connect_retry=CONNECT_RETRY)
         for name, (listen, target) in data["links"].items()
     }
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
