@@ -5,7 +5,9 @@
 #      PostgreSQL, MariaDB, ZooKeeper, etcd and Kafka: one process per backend, each
 #      with its own real server, in parallel; then the `security` section and
 #      the storage, session and errors sections on the secured servers
-#      (entries NAME:secure, `consensus servers run NAME --secure`);
+#      (entries NAME:secure, `consensus servers run NAME --secure`), and the
+#      whole suite on a 3-node ZooKeeper ensemble, whose faults section adds
+#      the cluster tests (entry NAME:cluster, `consensus servers run NAME --nodes 3`);
 #   3. the project's own tests;
 #   4. chaos runs with faults on every backend, whose histories one Spark job
 #      then checks for linearizability and election, membership and listener
@@ -18,7 +20,7 @@ bash scripts/install.sh || exit 2
 bash scripts/venv.sh || exit 2
 export PATH="$ROOT/.venv/bin:$PATH"
 out=$(mktemp -d "${TMPDIR:-/tmp}/consensus-test.XXXXXX")
-backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka postgresql:secure zookeeper:secure etcd:secure}
+backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka postgresql:secure zookeeper:secure etcd:secure zookeeper:cluster}
 # On secured servers: the security section plus the contract's core over TLS with auth (the whole suite
 # passes there too; `consensus servers run NAME --secure -- consensus conformance '$CONSENSUS_URL'`).
 secure_select=${CONSENSUS_SECURE_SELECT:-test_security or test_storage or test_session or test_errors}
@@ -33,25 +35,25 @@ ruff check . || status=1
 ruff format --check . || status=1
 mypy || status=1
 
-conform() {  # one conformance run in the background: a plain entry NAME, or NAME:secure
+conform() {  # one conformance run in the background: a plain entry NAME, NAME:secure or NAME:cluster
     local entry=$1 b=${1%%:*} select="not test_security"   # the security section needs a secured server
     local run=(consensus servers run "$b" --)
-    if [ "$entry" != "$b" ]; then
-        run=(consensus servers run "$b" --secure --)
-        select=$secure_select
-    fi
+    case ${entry#"$b"} in
+        :secure) run=(consensus servers run "$b" --secure --); select=$secure_select ;;
+        :cluster) run=(consensus servers run "$b" --nodes 3 --) ;;   # 3 nodes, 128 MiB heap each
+    esac
     # the faults section's measured timings go to $out/<entry>-timings.json (docs/guarantees.md)
     CONSENSUS_TIMINGS="$out/$entry-timings.json" "${run[@]}" consensus conformance '$CONSENSUS_URL' --json \
         -k "$select" >"$out/$entry.json" 2>"$out/$entry.log" &
 }
-secure=$(for b in $backends; do [ "${b%%:*}" = "$b" ] || printf '%s ' "$b"; done)
+second=$(for b in $backends; do [ "${b%%:*}" = "$b" ] || printf '%s ' "$b"; done)   # secured, clusters
 
 # two waves, so that the fault tests' timing runs beside at most six suites on two cores
 phase "conformance on: $plain (parallel)"
 for entry in $plain; do conform "$entry"; done
 wait
-phase "conformance on: ${secure:-no secured server} (parallel)"
-for entry in $secure; do conform "$entry"; done
+phase "conformance on: ${second:-no secured server or cluster} (parallel)"
+for entry in $second; do conform "$entry"; done
 wait
 
 phase "own tests"
