@@ -9,7 +9,8 @@
 #      whole suite on a 3-node ZooKeeper ensemble, whose faults section adds
 #      the cluster tests (entry NAME:cluster, `consensus servers run NAME --nodes 3`);
 #   3. the project's own tests;
-#   4. chaos runs with faults on every backend, whose histories one Spark job
+#   4. chaos runs with faults on every backend (and with leader faults on the
+#      clusters), whose histories one Spark job
 #      then checks for linearizability and election, membership and listener
 #      safety.
 # Ends with one line "tests: N passed, N failed".
@@ -25,6 +26,7 @@ backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka po
 # passes there too; `consensus servers run NAME --secure -- consensus conformance '$CONSENSUS_URL'`).
 secure_select=${CONSENSUS_SECURE_SELECT:-test_security or test_storage or test_session or test_errors}
 plain=$(for b in $backends; do [ "${b%%:*}" = "$b" ] && printf '%s ' "$b"; done)   # tooz and chaos run there
+clusters=$(for b in $backends; do [ "${b%:cluster}" = "$b" ] || printf '%s ' "$b"; done)   # and chaos here
 chaos_seconds=${CONSENSUS_CHAOS_SECONDS:-30}
 status=0
 started=$SECONDS
@@ -66,12 +68,17 @@ for b in $plain; do
         >"$out/tooz-$b.log" 2>&1
 done
 
-phase "${chaos_seconds} s chaos runs on: $plain, then one Spark check of every history"
+phase "${chaos_seconds} s chaos runs on: $plain $clusters, then one Spark check of every history"
 for b in $plain; do
     faults=kill,pause,restart,expire
     [ "$b" = sqlite ] && faults=kill,pause,expire   # no server process to restart
     consensus chaos --server "$b" --duration "$chaos_seconds" --clients 5 --keys 2 \
         --faults "$faults" --out "$out/chaos" >>"$out/chaos.log" 2>&1 ||
+        echo "chaos on $b failed" >>"$out/chaos.log"
+done
+for b in $clusters; do   # NAME:cluster entries: leader kill and pause, a follower partitioned, on 3 nodes
+    consensus chaos --server "${b%%:*}" --nodes 3 --duration "$chaos_seconds" --clients 5 --keys 2 \
+        --faults leader-kill,leader-pause,partition,kill,pause --out "$out/chaos" >>"$out/chaos.log" 2>&1 ||
         echo "chaos on $b failed" >>"$out/chaos.log"
 done
 consensus check "$out/chaos" --master 'local[2]' --report "$out/chaos-report.html" --json \

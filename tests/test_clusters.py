@@ -19,8 +19,9 @@ from click.testing import CliRunner
 from kazoo.client import KazooClient
 
 from consensus_api.cli import cli
-from consensus_api.conformance.profile import SINGLE_SERVER, TestProfile, moved_to_free_port, profile_for
+from consensus_api.conformance.profile import SINGLE_SERVER, profile_for
 from consensus_api.errors import ConfigurationError
+from consensus_api.history.runner import ChaosOptions
 from consensus_api.testing import start_cluster
 from consensus_api.testing._process import HOST, free_port
 from consensus_api.testing.cluster import ClusterHandle, link_name, links_of
@@ -121,15 +122,7 @@ def test_cluster_marker_is_declared_for_single_servers_and_backends_without_a_la
     assert profile_for("zookeeper://127.0.0.1:2181").not_applicable["cluster"] == SINGLE_SERVER
     assert "cluster" not in profile_for("zookeeper://127.0.0.1:1,127.0.0.1:2").not_applicable
     assert "cluster" in profile_for("etcd://127.0.0.1:1,127.0.0.1:2").not_applicable
-    with pytest.raises(ConfigurationError, match="declare 'cluster' not applicable"):
-        TestProfile(
-            name="x",
-            server="etcd",
-            detection_delay=lambda timeout: 1.0,
-            expire_session=None,
-            unreachable_url=moved_to_free_port,
-            not_applicable={"session_expiry": "none"},
-        )
+    assert profile_for("postgresql://u@127.0.0.1:1,127.0.0.1:2/db").not_applicable["cluster"]
 
 
 def test_zookeeper_ensemble_under_servers_run(tmp_path: Path) -> None:
@@ -196,3 +189,28 @@ def _until(check: Callable[[], bool], timeout: float) -> None:
     while not check():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("server", "nodes", "faults", "message"),
+    [
+        ("zookeeper", 1, {"leader-kill"}, "need --nodes 3"),
+        ("etcd", 3, {"kill"}, "--nodes needs"),
+        ("zookeeper", 4, {"partition"}, "--nodes needs"),
+    ],
+)
+def test_chaos_cluster_options_are_checked_before_anything_starts(
+    server: str, nodes: int, faults: set[str], message: str, tmp_path: Path
+) -> None:
+    options = ChaosOptions(
+        url=None,
+        server=server,
+        duration=1,
+        clients=1,
+        keys=1,
+        faults=frozenset(faults),
+        out=tmp_path,
+        nodes=nodes,
+    )
+    with pytest.raises(ConfigurationError, match=message):
+        options.validate()

@@ -72,8 +72,9 @@ class TestProfile:
     ``unreachable_url(url, workdir)``: the tested URL moved to a place nothing
     serves, keeping scheme and path (``workdir`` is an empty scratch directory).
     ``not_applicable``: marker (``MARKERS``) -> why tests with it do not apply.
-    A backend whose ``server`` has no cluster launcher
-    (``consensus_api.testing.CLUSTER_NAMES``) must declare ``cluster``.
+    ``cluster`` need not be declared: ``profile_for`` declares it for a server
+    without a cluster launcher (``consensus_api.testing.CLUSTER_NAMES``) and for
+    a URL naming a single server.
     ``credentials_in_url``: its URLs may carry a user name and password (False:
     such a URL is a ``ConfigurationError``, as SQLite's file URLs are).
     ``stops_inside_write``: the backend reads the test hook
@@ -110,11 +111,6 @@ class TestProfile:
                 f"test profile {self.name!r} has no server: declare 'requires_server' not applicable, "
                 "with the reason"
             )
-        if self.server not in CLUSTER_NAMES and "cluster" not in self.not_applicable:
-            raise ConfigurationError(
-                f"test profile {self.name!r}: no cluster launcher starts {self.server or 'its server'}; "
-                "declare 'cluster' not applicable, with the reason"
-            )
         if self.expire_session is None and "session_expiry" not in self.not_applicable:
             raise ConfigurationError(
                 f"test profile {self.name!r} has no expire_session: declare 'session_expiry' not "
@@ -130,8 +126,10 @@ def profile_for(url: str | BackendURL) -> TestProfile:
     """The test profile of the backend serving ``url`` (``Backend.test_profile``).
 
     ``ConfigurationError`` for an unknown scheme, a missing extra, or a backend
-    that declares no profile (never a fallback). For a URL naming fewer than
-    two servers, ``cluster`` tests are declared not applicable (``SINGLE_SERVER``).
+    that declares no profile (never a fallback). Unless the profile declares
+    ``cluster`` itself, its tests are declared not applicable when no cluster
+    launcher starts the backend's server, or the URL names fewer than two
+    servers (``SINGLE_SERVER``).
     """
     from consensus_api.registry import load_backend  # noqa: PLC0415 - registry imports the backend SPI
 
@@ -139,8 +137,12 @@ def profile_for(url: str | BackendURL) -> TestProfile:
     profile = load_backend(parsed.scheme).test_profile(parsed)
     if not isinstance(profile, TestProfile):
         raise ConfigurationError(f"the {parsed.scheme!r} backend's test_profile() returned {profile!r}")
-    if len(parsed.endpoints) < 2 and "cluster" not in profile.not_applicable:
-        profile = replace(profile, not_applicable={**profile.not_applicable, "cluster": SINGLE_SERVER})
+    if "cluster" not in profile.not_applicable:
+        reason = SINGLE_SERVER if len(parsed.endpoints) < 2 else None
+        if profile.server not in CLUSTER_NAMES:
+            reason = f"no launcher starts a cluster of {profile.server or profile.name} servers"
+        if reason is not None:
+            profile = replace(profile, not_applicable={**profile.not_applicable, "cluster": reason})
     return profile
 
 

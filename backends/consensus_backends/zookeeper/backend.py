@@ -18,7 +18,7 @@ from kazoo.exceptions import KazooException
 
 from consensus_api.backend import Backend, BackendEvents, Target
 from consensus_api.config import BackendURL, OptionParser, Options
-from consensus_api.errors import ConsensusError
+from consensus_api.errors import ConsensusError, SessionLostError
 from consensus_api.model import Leadership, Versioned
 from consensus_backends.zookeeper.connection import Connection
 from consensus_backends.zookeeper.election import Elections
@@ -61,19 +61,32 @@ class ZooKeeperBackend(Backend):
         return f"<ZooKeeperBackend {self.url.redacted()}>"
 
     def open(self) -> None:
-        """Connect, then create the chroot's base znodes and check that the credentials may use them."""
+        """Connect, then create the chroot's base znodes and check that the credentials may use them.
+
+        A session lost before this returns (the ensemble restarted before it committed the new
+        session) is replaced: the set-up is retried on the next session until ``connect_timeout``.
+        """
+        started = time.monotonic()
         self._connection.open()
-        deadline = time.monotonic() + self.settings.request_timeout
-        try:
-            ensure(self._connection, self._layout.base_paths(), deadline)
-            self._connection.read(
-                lambda client: [client.get_children_async(self._layout.kv)],
-                deadline,
-                barrier=self._layout.barrier_path,
-            )
-        except ConsensusError:
-            self._connection.close()
-            raise
+        while True:
+            deadline = time.monotonic() + self.settings.request_timeout
+            try:
+                ensure(self._connection, self._layout.base_paths(), deadline)
+                self._connection.read(
+                    lambda client: [client.get_children_async(self._layout.kv)],
+                    deadline,
+                    barrier=self._layout.barrier_path,
+                )
+                return
+            except SessionLostError:
+                if time.monotonic() - started < self.settings.connect_timeout:
+                    time.sleep(0.05)  # kazoo opens the next session
+                    continue
+                self._connection.close()
+                raise
+            except ConsensusError:
+                self._connection.close()
+                raise
 
     def close(self) -> None:
         """Close the ZooKeeper session: its members and candidates are gone when this returns."""
