@@ -15,8 +15,17 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from consensus_api.conformance.faults_support import CALL_LIMIT, REQUEST_TIMEOUT, Prober, timed_call
-from consensus_api.conformance.helpers import unique
+from consensus_api.conformance.faults_support import (
+    CALL_LIMIT,
+    REQUEST_TIMEOUT,
+    Prober,
+    Record,
+    Subject,
+    loss_bound,
+    recovered,
+    timed_call,
+)
+from consensus_api.conformance.helpers import unique, wait_until
 from consensus_api.errors import FencedError
 from consensus_api.model import LeaderChanged, Leadership
 from consensus_api.session import Session
@@ -115,11 +124,33 @@ def one_leader_per_term(leaders: EventLog[LeaderChanged]) -> None:
     assert not double, f"two leaders in one term: {double}"
 
 
+def settled(
+    subject: Subject, prober: Prober, leaders: ServerLeaders, fence: StaleFence, record: Record
+) -> None:
+    """The checks every cluster fault test ends with: ``faults_support.recovered`` within the loss
+    bound of ``CLUSTER_SESSION_TIMEOUT``, the session never LOST, one leading node per server-side
+    term, one leader of ours per term, and the stale fence refused."""
+    recovered(subject, prober, loss_bound(subject.session, CLUSTER_SESSION_TIMEOUT), record)
+    assert not subject.lost(), f"the session was LOST although quorum came back in time: {subject.states}"
+    leaders.check()
+    one_leader_per_term(subject.leaders)
+    fence.check(subject.session)
+
+
+def serving_node(cluster: ClusterHandle, session: Session) -> int:
+    """The node holding ``session``'s client connection (waits up to 10 s for one)."""
+    identity = session._backend.fault_identity()  # the SPI's test-only hook
+    return wait_until(lambda: cluster.serving(identity), 10, what="the node serving the session")
+
+
 def first_write_after(prober: Prober, since: float) -> float | None:
-    """Seconds from ``since`` until the prober's first acknowledged write that ended after it."""
-    ends = [c.started + c.seconds for c in list(prober.calls) if c.name == "put" and c.outcome == "ok"]
-    later = [end for end in ends if end > since]
-    return min(later) - since if later else None
+    """Seconds from ``since`` until the end of the prober's first acknowledged write begun after it."""
+    ends = [
+        c.started + c.seconds
+        for c in list(prober.calls)
+        if c.name == "put" and c.outcome == "ok" and c.started >= since
+    ]
+    return min(ends) - since if ends else None
 
 
 def wait_write_after(prober: Prober, since: float, bound: float) -> float:

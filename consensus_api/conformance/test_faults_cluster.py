@@ -27,17 +27,14 @@ from consensus_api.conformance.cluster_support import (
     ELECTION_BOUND,
     ServerLeaders,
     StaleFence,
-    one_leader_per_term,
+    settled,
     wait_write_after,
 )
 from consensus_api.conformance.faults_support import (
     CALL_LIMIT,
-    Prober,
     Record,
     Subject,
-    loss_bound,
     not_connected,
-    recovered,
     timed_call,
 )
 from consensus_api.conformance.helpers import SessionFactory, wait_until
@@ -50,17 +47,6 @@ pytestmark = [pytest.mark.requires_server, pytest.mark.cluster]
 
 #: How many times the partitioned-read test isolates a node: each time a fresh write, a fresh read.
 PARTITION_ROUNDS = 3
-
-
-def _settled(
-    subject: Subject, prober: Prober, leaders: ServerLeaders, fence: StaleFence, record: Record
-) -> None:
-    """The checks every cluster test ends with (see the module docstring)."""
-    recovered(subject, prober, loss_bound(subject.session, CLUSTER_SESSION_TIMEOUT), record)
-    assert not subject.lost(), f"the session was LOST although quorum came back in time: {subject.states}"
-    leaders.check()
-    one_leader_per_term(subject.leaders)
-    fence.check(subject.session)
 
 
 def test_server_leader_killed_and_restarted(
@@ -87,7 +73,7 @@ def test_server_leader_killed_and_restarted(
         consensus_cluster.spawn(leader)
         consensus_cluster.wait_ready(ELECTION_BOUND)
         prober.fault_ends()
-        _settled(subject, prober, leaders, fence, consensus_record)
+        settled(subject, prober, leaders, fence, consensus_record)
 
 
 def test_server_leader_paused_past_election_timeout(
@@ -116,7 +102,7 @@ def test_server_leader_paused_past_election_timeout(
         consensus_cluster.wait_ready(ELECTION_BOUND)
         assert consensus_cluster.leader() != leader, "the paused leader leads again after its resume"
         prober.fault_ends()
-        _settled(subject, prober, leaders, fence, consensus_record)
+        settled(subject, prober, leaders, fence, consensus_record)
 
 
 def test_client_node_killed_session_fails_over(
@@ -147,7 +133,7 @@ def test_client_node_killed_session_fails_over(
         consensus_cluster.spawn(node)
         consensus_cluster.wait_ready(ELECTION_BOUND)
         prober.fault_ends()
-        _settled(subject, prober, leaders, fence, consensus_record)
+        settled(subject, prober, leaders, fence, consensus_record)
 
 
 def test_partitioned_follower_never_serves_a_stale_read(
