@@ -162,26 +162,25 @@ def test_zookeeper_ensemble_under_servers_run(tmp_path: Path) -> None:
     assert not Path(left["dir"]).exists()
 
 
-def test_cluster_handle_pins_sessions_and_isolates_a_node() -> None:
+def test_cluster_handle_pins_sessions_and_isolates_a_node(zookeeper_cluster: ClusterHandle) -> None:
     """A session pinned to a node is served by that node (``serving``); an isolated follower stops
     serving within a few seconds, the others keep serving; healed, it follows again."""
-    with start_cluster("zookeeper", 3) as cluster:
-        assert isinstance(cluster, ClusterHandle)
-        leader = cluster.wait_leader(30)
-        follower = next(n for n in cluster.ids if n != leader)
-        client = KazooClient(hosts=cluster.node_url(follower).split("//")[1], timeout=10)
-        client.start(10)
-        try:
-            identity = {"session_id": client.client_id[0]}
-            assert cluster.serving(identity) == follower
-            cluster.isolate(follower)
-            _until(lambda: cluster.status(follower) is None, 15)
-            assert cluster.leader() == leader
-            cluster.heal()
-            cluster.wait_ready(30)
-        finally:
-            client.stop()
-            client.close()
+    cluster = zookeeper_cluster
+    leader = cluster.wait_leader(30)
+    follower = next(n for n in cluster.ids if n != leader)
+    client = KazooClient(hosts=cluster.node_url(follower).split("//")[1], timeout=10)
+    client.start(10)
+    try:
+        identity = {"session_id": client.client_id[0]}
+        assert cluster.serving(identity) == follower
+        cluster.isolate(follower)
+        _until(lambda: cluster.status(follower) is None, 15)
+        assert cluster.leader() == leader
+        cluster.heal()
+        cluster.wait_ready(30)
+    finally:
+        client.stop()
+        client.close()
 
 
 def _until(check: Callable[[], bool], timeout: float) -> None:

@@ -154,27 +154,6 @@ def _control_problem(config: pytest.Config, url: str, profile: TestProfile) -> s
     return None
 
 
-def _cluster_problem(config: pytest.Config, url: str) -> str | None:
-    """Why the cluster tests cannot control the cluster behind ``url``, or None if they can."""
-    try:
-        profile = profile_for(url)
-        problem = _control_problem(config, url, profile)
-    except ConfigurationError as exc:
-        return str(exc)
-    if problem is not None:
-        return problem
-    assert profile.server is not None
-    path = _control_path(config, profile.server)
-    from consensus_api.testing.cluster import is_cluster_control  # noqa: PLC0415 - needs the testing extra
-
-    if path is None or not is_cluster_control(Path(path)):
-        return (
-            f"the control file {path} is a single server's: run under "
-            f"`consensus servers run {profile.server} --nodes 3 -- ...`"
-        )
-    return None
-
-
 def _markers(item: pytest.Item) -> set[str]:
     return {marker.name for marker in item.iter_markers() if marker.name in MARKERS}
 
@@ -210,10 +189,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             problem = str(exc)
         if problem is not None:
             pytest.fail(f"this test needs a controlled server: {problem}", pytrace=False)
-    if "cluster" in markers and url is not None:
-        path = _cluster_problem(item.config, url)
-        if path is not None:
-            pytest.fail(f"this test needs a controlled cluster: {path}", pytrace=False)
     if "network_namespace" in markers:
         try:
             from consensus_api.testing.netns import why_unavailable  # noqa: PLC0415 - Linux only
@@ -384,15 +359,18 @@ def consensus_controlled_server(
 
 @pytest.fixture
 def consensus_cluster(
-    pytestconfig: pytest.Config, consensus_url: str, consensus_controlled_server: ServerHandle | ClusterHandle
+    consensus_profile: TestProfile, consensus_controlled_server: ServerHandle | ClusterHandle
 ) -> Iterator[ClusterHandle]:
     """The tested cluster (per node: kill, pause, resume, restart, isolate; which node leads); every
     node running, healed and the cluster serving again after the test. Fails when there is none."""
     from consensus_api.testing.cluster import ClusterHandle  # noqa: PLC0415 - needs the testing extra
 
-    problem = _cluster_problem(pytestconfig, consensus_url)
-    if problem is not None or not isinstance(consensus_controlled_server, ClusterHandle):
-        pytest.fail(f"this test needs a controlled cluster: {problem}", pytrace=False)
+    if not isinstance(consensus_controlled_server, ClusterHandle):
+        pytest.fail(
+            "this test needs a controlled cluster, the control file is a single server's: run under "
+            f"`consensus servers run {consensus_profile.server} --nodes 3 -- ...`",
+            pytrace=False,
+        )
     yield consensus_controlled_server
     consensus_controlled_server.heal()
     consensus_controlled_server.resume()

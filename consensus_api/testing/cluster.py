@@ -133,8 +133,9 @@ class ClusterHandle:
         deadline = time.monotonic() + timeout
         while True:
             statuses = {n: self.status(n) for n in self.ids}
-            serving = [n for n, s in statuses.items() if s is not None and s.role in (LEADER, FOLLOWER)]
-            leaders = [n for n in serving if statuses[n].role == LEADER]  # type: ignore[union-attr]
+            roles = {n: status.role for n, status in statuses.items() if status is not None}
+            serving = [n for n, role in roles.items() if role in (LEADER, FOLLOWER)]
+            leaders = [n for n in serving if roles[n] == LEADER]
             if len(leaders) == 1 and leaders[0] in candidates and len(serving) > len(self.nodes) // 2:
                 return leaders[0]
             if time.monotonic() > deadline:

@@ -17,7 +17,8 @@ Guarantees:
   (the server has most likely expired the session); if kazoo then resumes that
   very session, it is closed (the server drops its ephemerals at once) and a
   new one is opened before CONNECTED is reported. So after LOST no ephemeral
-  of the old session survives into the new one.
+  of the old session survives into the new one. A LOST because kazoo's own
+  connection thread died is followed by a new session too.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import KeeperState
 from kazoo.retry import KazooRetry
 
 from consensus_api.config import BackendURL, Options
@@ -304,11 +306,19 @@ class Connection:
                 self._presumed_lost = None
                 self._losses += 1
                 self._report(SessionState.LOST)
+                restart = self._restarting = self._loop_died()
         if restart:
             threading.Thread(target=self._restart, name="consensus-zookeeper-restart", daemon=True).start()
         elif state == KazooState.CONNECTED:
             log.debug("ZooKeeper session 0x%x connected (new: %s)", self._session_id or 0, new_session)
             self._on_connected()
+
+    def _loop_died(self) -> bool:
+        """kazoo's connection thread ended on an error of its own (its "unhandled exception in
+        connection loop", e.g. "xids do not match" after a server answered out of order): it will
+        never reconnect by itself, so the session must be restarted (not after a refused login)."""
+        stopped = self.client._connection.connection_stopped.is_set()  # kazoo's loop ended
+        return bool(stopped) and self.client.client_state != KeeperState.AUTH_FAILED
 
     def _new_epoch(self) -> None:
         """A state change: wake waiting calls, invalidate the local-expiry timer (lock held)."""
@@ -330,8 +340,11 @@ class Connection:
         log.info("no ZooKeeper connection for %g s: session presumed lost", self._settings.session_timeout)
 
     def _restart(self) -> None:
-        """kazoo resumed a session presumed lost: close it, then start a new one."""
-        log.info("ZooKeeper resumed session 0x%x, presumed lost: closing it", self._session_id or 0)
+        """kazoo resumed a session presumed lost, or its connection thread died: close the client,
+        then start a new session."""
+        log.info(
+            "ZooKeeper session 0x%x presumed lost or its client stopped: restarting", self._session_id or 0
+        )
         try:
             self.client.stop()
         except Exception:
