@@ -83,8 +83,9 @@ def test_server_leader_paused_past_election_timeout(
     consensus_record: Record,
 ) -> None:
     """The leading node is SIGSTOPped until the others have elected a new leader (past the server-side
-    election timeout), then resumed: it must not lead again in its old term alongside the new leader,
-    it rejoins as a follower, the session is never LOST, and the common checks hold."""
+    election timeout, as in a long GC pause), then resumed: it must not lead again in its old term
+    alongside the new leader, it rejoins as a follower and drops its clients, which move to other
+    nodes; the session is never LOST, and the common checks hold."""
     subject = Subject(consensus_open_session(**CLUSTER_OPTIONS), consensus_ns)
     fence = StaleFence.taken(subject.session, consensus_ns)
     with ServerLeaders(consensus_cluster) as leaders, subject.probe() as prober:
@@ -95,10 +96,11 @@ def test_server_leader_paused_past_election_timeout(
             others = [n for n in consensus_cluster.ids if n != leader]
             consensus_cluster.wait_leader(ELECTION_BOUND, among=others)
             consensus_record("server leader paused -> new leader serves", time.monotonic() - paused)
-            stall = wait_write_after(prober, paused, ELECTION_BOUND)
-            consensus_record("server leader paused -> first write", stall)
         finally:
             consensus_cluster.resume(leader)
+        consensus_record(
+            "server leader paused -> first write", wait_write_after(prober, paused, ELECTION_BOUND)
+        )
         consensus_cluster.wait_ready(ELECTION_BOUND)
         assert consensus_cluster.leader() != leader, "the paused leader leads again after its resume"
         prober.fault_ends()
@@ -162,14 +164,14 @@ def _partitioned_read(cluster: ClusterHandle, key: str, record: Record) -> None:
         cluster.isolate(follower)
         try:
             version = _acknowledged_update(writer, key, b"new")
+            status = cluster.status(follower)  # typically still "follower": it has not noticed yet
             got, error, seconds = timed_call(CALL_LIMIT, lambda: reader.storage.fetch(key))
             assert got is None or got == Versioned(b"new", version), (
                 f"the partitioned follower served {got}, not the acknowledged {Versioned(b'new', version)}"
             )
             assert got is not None or isinstance(error, ConsensusError)
-            record(
-                f"read via partitioned follower -> {'new value' if got else type(error).__name__}", seconds
-            )
+            outcome = "new value" if got else type(error).__name__
+            record(f"read via partitioned follower -> {outcome}", seconds, note=f"its status then: {status}")
         finally:
             cluster.heal(follower)
         cluster.wait_ready(ELECTION_BOUND)
