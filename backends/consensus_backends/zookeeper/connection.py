@@ -18,7 +18,10 @@ Guarantees:
   very session, it is closed (the server drops its ephemerals at once) and a
   new one is opened before CONNECTED is reported. So after LOST no ephemeral
   of the old session survives into the new one. A LOST because kazoo's own
-  connection thread died is followed by a new session too.
+  connection thread died is followed by a new session too. Should an
+  ephemeral of an earlier session still be there (its close not yet
+  applied), ``refuse_if_ghost`` makes a create that collides with it a
+  passing ``ConsensusError``, not "taken by another session".
 """
 
 from __future__ import annotations
@@ -102,6 +105,8 @@ class Connection:
         self._closing = False
         self._restarting = False
         self._session_id: int | None = None
+        #: The ids of this client's earlier sessions (their ephemerals are ghosts once LOST).
+        self._past_sessions: set[int] = set()
         self._presumed_lost: int | None = None
         self._epoch = 0
         self._losses = 0
@@ -126,6 +131,17 @@ class Connection:
     def owns(self, stat: Any) -> bool:
         """Whether ``stat`` is that of an ephemeral znode of the current session."""
         return stat is not None and stat.ephemeralOwner == self._session_id
+
+    def refuse_if_ghost(self, path: str, deadline: float) -> None:
+        """A create of ``path`` found it taken: ``ConsensusError`` (retry later) if it is an ephemeral
+        of an earlier session of this client, still closing after LOST; otherwise return."""
+        [stat] = self.run(lambda client: [client.exists_async(path)], deadline, idempotent=True)
+        owner = getattr(stat, "ephemeralOwner", None)
+        if owner in self._past_sessions:
+            raise ConsensusError(
+                f"{path} still belongs to this client's previous ZooKeeper session 0x{owner:x}, which the "
+                "server has not closed yet; retry"
+            )
 
     def open(self) -> None:
         """Connect; ``BackendUnavailableError`` after ``connect_timeout``."""
@@ -290,6 +306,8 @@ class Connection:
                 else:
                     self._presumed_lost = None
                     new_session = session_id != self._session_id
+                    if new_session and self._session_id is not None:
+                        self._past_sessions.add(self._session_id)
                     self._session_id = session_id
                     self._connected = True
                     self._report(SessionState.CONNECTED)
