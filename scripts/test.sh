@@ -5,11 +5,14 @@
 #      PostgreSQL, MariaDB, ZooKeeper, etcd and Kafka: one process per backend, each
 #      with its own real server, in parallel; then the `security` section and
 #      the storage, session and errors sections on the secured servers
-#      (entries NAME:secure, `consensus servers run NAME --secure`);
+#      (entries NAME:secure, `consensus servers run NAME --secure`), and the
+#      whole suite on a 3-node ZooKeeper ensemble, whose faults section adds
+#      the cluster tests (entry NAME:cluster, `consensus servers run NAME --nodes 3`);
 #   3. the project's own tests;
-#   4. chaos runs with faults on every backend, and one run of the locks
-#      workload, whose histories one Spark job then checks for
-#      linearizability, election, membership, listener and lock safety.
+#   4. chaos runs with faults on every backend (and with leader faults on the
+#      clusters), and one run of the locks workload, whose histories one Spark
+#      job then checks for linearizability, election, membership, listener and
+#      lock safety.
 # Ends with one line "tests: N passed, N failed".
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,11 +21,12 @@ bash scripts/install.sh || exit 2
 bash scripts/venv.sh || exit 2
 export PATH="$ROOT/.venv/bin:$PATH"
 out=$(mktemp -d "${TMPDIR:-/tmp}/consensus-test.XXXXXX")
-backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka postgresql:secure zookeeper:secure etcd:secure kafka:secure}
+backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka postgresql:secure zookeeper:secure etcd:secure kafka:secure zookeeper:cluster}
 # On secured servers: the security section plus the contract's core over TLS with auth (the whole suite
 # passes there too; `consensus servers run NAME --secure -- consensus conformance '$CONSENSUS_URL'`).
 secure_select=${CONSENSUS_SECURE_SELECT:-test_security or test_storage or test_session or test_errors}
 plain=$(for b in $backends; do [ "${b%%:*}" = "$b" ] && printf '%s ' "$b"; done)   # tooz and chaos run there
+clusters=$(for b in $backends; do [ "${b%:cluster}" = "$b" ] || printf '%s ' "$b"; done)   # and chaos here
 chaos_seconds=${CONSENSUS_CHAOS_SECONDS:-30}
 # the locks workload runs once, on this backend (the first plain one if it is not in the list)
 locks=${CONSENSUS_LOCKS_BACKEND:-etcd}
@@ -37,25 +41,25 @@ ruff check . || status=1
 ruff format --check . || status=1
 mypy || status=1
 
-conform() {  # one conformance run in the background: a plain entry NAME, or NAME:secure
+conform() {  # one conformance run in the background: a plain entry NAME, NAME:secure or NAME:cluster
     local entry=$1 b=${1%%:*} select="not test_security"   # the security section needs a secured server
     local run=(consensus servers run "$b" --)
-    if [ "$entry" != "$b" ]; then
-        run=(consensus servers run "$b" --secure --)
-        select=$secure_select
-    fi
+    case ${entry#"$b"} in
+        :secure) run=(consensus servers run "$b" --secure --); select=$secure_select ;;
+        :cluster) run=(consensus servers run "$b" --nodes 3 --) ;;   # 3 nodes, 128 MiB heap each
+    esac
     # the faults section's measured timings go to $out/<entry>-timings.json (docs/guarantees.md)
     CONSENSUS_TIMINGS="$out/$entry-timings.json" "${run[@]}" consensus conformance '$CONSENSUS_URL' --json \
         -k "$select" >"$out/$entry.json" 2>"$out/$entry.log" &
 }
-secure=$(for b in $backends; do [ "${b%%:*}" = "$b" ] || printf '%s ' "$b"; done)
+second=$(for b in $backends; do [ "${b%%:*}" = "$b" ] || printf '%s ' "$b"; done)   # secured, clusters
 
 # two waves, so that the fault tests' timing runs beside at most six suites on two cores
 phase "conformance on: $plain (parallel)"
 for entry in $plain; do conform "$entry"; done
 wait
-phase "conformance on: ${secure:-no secured server} (parallel)"
-for entry in $secure; do conform "$entry"; done
+phase "conformance on: ${second:-no secured server or cluster} (parallel)"
+for entry in $second; do conform "$entry"; done
 wait
 
 phase "own tests"
@@ -68,13 +72,18 @@ for b in $plain; do
         >"$out/tooz-$b.log" 2>&1
 done
 
-phase "${chaos_seconds} s chaos runs on: $plain, ${locks_seconds} s of locks on $locks, then one Spark check of every history"
+phase "${chaos_seconds} s chaos runs on: $plain $clusters, ${locks_seconds} s of locks on $locks, then one Spark check of every history"
 faults_on() {  # the nemesis's faults for a backend
     if [ "$1" = sqlite ]; then echo kill,pause,expire; else echo kill,pause,restart,expire; fi   # no server process to restart
 }
 for b in $plain; do
     consensus chaos --server "$b" --duration "$chaos_seconds" --clients 5 --keys 2 \
         --faults "$(faults_on "$b")" --out "$out/chaos" >>"$out/chaos.log" 2>&1 ||
+        echo "chaos on $b failed" >>"$out/chaos.log"
+done
+for b in $clusters; do   # NAME:cluster entries: leader kill and pause, a follower partitioned, on 3 nodes
+    consensus chaos --server "${b%%:*}" --nodes 3 --duration "$chaos_seconds" --clients 5 --keys 2 \
+        --faults leader-kill,leader-pause,partition,kill,pause --out "$out/chaos" >>"$out/chaos.log" 2>&1 ||
         echo "chaos on $b failed" >>"$out/chaos.log"
 done
 if [ -n "$locks" ]; then

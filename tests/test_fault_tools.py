@@ -287,12 +287,13 @@ def test_an_exception_in_a_prober_fails_its_fault_test(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "server", "declared"),
     [
-        ("sqlite:///x.db", None, {"requires_server", "secured_server", "freezes_a_writer"}),
-        ("postgresql://u@127.0.0.1:5432/db", "postgresql", {"database_file"}),
-        ("mariadb://u:pw@127.0.0.1:3306/db", "mariadb", {"database_file"}),
-        ("zk://127.0.0.1:2181/ct", "zookeeper", {"database_file"}),
-        ("etcd://127.0.0.1:2379/ct", "etcd", {"database_file"}),
-        ("kafka://127.0.0.1:9092/ct", "kafka", {"database_file"}),
+        ("sqlite:///x.db", None, {"requires_server", "secured_server", "freezes_a_writer", "cluster"}),
+        ("postgresql://u@127.0.0.1:5432/db", "postgresql", {"database_file", "cluster"}),
+        ("mariadb://u:pw@127.0.0.1:3306/db", "mariadb", {"database_file", "cluster"}),
+        ("zk://127.0.0.1:2181/ct", "zookeeper", {"database_file", "cluster"}),
+        ("zk://127.0.0.1:2181,127.0.0.1:2182/ct", "zookeeper", {"database_file"}),
+        ("etcd://127.0.0.1:2379/ct", "etcd", {"database_file", "cluster"}),
+        ("kafka://127.0.0.1:9092/ct", "kafka", {"database_file", "cluster"}),
     ],
 )
 def test_every_builtin_backend_declares_its_profile(

@@ -75,6 +75,13 @@ def _faults(text: str) -> frozenset[str]:
     "recording when they own what (checked by consensus ownership); locks: turns at exclusive and "
     "shared fenced locks (checked by consensus check).",
 )
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --server: start a replicated cluster of this many nodes (odd, at least 3).",
+)
 @click.option("--seed", type=int, default=None, help="Seed of the workload and fault choices.")
 def chaos(  # noqa: PLR0917 - click passes every option as a parameter
     url: str | None,
@@ -89,6 +96,7 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
     key_period: float,
     fault_interval: float,
     workload: str,
+    nodes: int,
     seed: int | None,
 ) -> None:
     """Run CLIENTS processes doing random storage, election and membership operations for DURATION
@@ -97,7 +105,11 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
     Faults: kill (SIGKILL the server or a client process), pause (SIGSTOP it for
     0.5-3 s), restart (kill -9 and restart the server), expire (a real ZooKeeper
     session expiry; elsewhere a client paused past its session timeout). Client
-    faults work on every backend; server faults need --server.
+    faults work on every backend; server faults need --server. On a cluster
+    (--server zookeeper --nodes 3): leader-kill (SIGKILL the leading node,
+    restart it 0.5-2 s later), leader-pause (SIGSTOP it for 0.5-3 s),
+    partition (cut a follower off the other nodes for 0.5-3 s); kill, pause
+    and restart then act on every node at once.
     """
     extra = {} if seed is None else {"seed": seed}
     options = ChaosOptions(
@@ -113,6 +125,7 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
         key_period=key_period,
         fault_interval=fault_interval,
         workload=workload,
+        nodes=nodes,
         **extra,
     )
     options.validate()

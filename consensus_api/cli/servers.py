@@ -20,7 +20,14 @@ from rich.text import Text
 from consensus_api import config
 from consensus_api.cli._common import err_console, expand_env
 from consensus_api.errors import ConfigurationError
-from consensus_api.testing import SECURE_NAMES, STORE_NAMES, require_launchers, start_store
+from consensus_api.testing import (
+    CLUSTER_NAMES,
+    SECURE_NAMES,
+    STORE_NAMES,
+    require_launchers,
+    start_cluster,
+    start_store,
+)
 
 CONTROL_ENV = "CONSENSUS_CONTROL"
 _COMMAND_KEY = "consensus.servers.command"
@@ -58,8 +65,15 @@ def servers() -> None:
     help=f"Start the TLS and password variants ({', '.join(SECURE_NAMES)}): certificates made at start, "
     "the URL names the user, password and tls_ca.",
 )
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help=f"Start a replicated cluster of this many nodes (odd, at least 3; {', '.join(CLUSTER_NAMES)}).",
+)
 @click.pass_context
-def run(ctx: click.Context, names: tuple[str, ...], secure: bool) -> None:
+def run(ctx: click.Context, names: tuple[str, ...], secure: bool, nodes: int) -> None:
     """Start the servers NAMES, run COMMAND, stop the servers, exit with COMMAND's status.
 
     \b
@@ -75,6 +89,11 @@ def run(ctx: click.Context, names: tuple[str, ...], secure: bool) -> None:
     'sqlite' means a fresh temp database file, no server and no control file.
     --secure starts each server's TLS and password variant (its URL, with the
     password, reaches COMMAND only through the environment).
+    --nodes 3 starts one server NAME as a replicated cluster: the URL names every
+    node, the control file (consensus_api.testing.cluster.ClusterHandle.attach)
+    names each node, its own control file and URL, and the links between the
+    nodes, so COMMAND may kill, pause, resume, restart and isolate each node
+    and ask which one leads.
     Starting a server needs the 'testing' extra (a ConfigurationError, exit 2, names it).
     """
     command: list[str] = ctx.meta.get(_COMMAND_KEY, [])
@@ -85,9 +104,16 @@ def run(ctx: click.Context, names: tuple[str, ...], secure: bool) -> None:
     if secure and set(names) - set(SECURE_NAMES):
         insecure = ", ".join(sorted(set(names) - set(SECURE_NAMES)))
         raise click.UsageError(f"no secure variant of {insecure}; secure servers: {', '.join(SECURE_NAMES)}")
+    if nodes > 1:
+        if len(names) != 1 or names[0] not in CLUSTER_NAMES or secure:
+            raise click.UsageError(
+                f"--nodes starts one server, without --secure, as a cluster: {', '.join(CLUSTER_NAMES)}"
+            )
+        if nodes < 3 or nodes % 2 == 0:
+            raise click.UsageError(f"--nodes must be odd and at least 3, got {nodes}")
     require_launchers(names)
     try:
-        with _sigterm_raises(), _started(names, secure) as (urls, controls):
+        with _sigterm_raises(), _started(names, secure, nodes) as (urls, controls):
             exports = {f"CONSENSUS_{name.upper()}_URL": url for name, url in urls.items()}
             exports.update(
                 {f"CONSENSUS_{name.upper()}_CONTROL": str(path) for name, path in controls.items()}
@@ -109,7 +135,9 @@ def run(ctx: click.Context, names: tuple[str, ...], secure: bool) -> None:
 
 
 @contextlib.contextmanager
-def _started(names: Sequence[str], secure: bool) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
+def _started(
+    names: Sequence[str], secure: bool, nodes: int = 1
+) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
     """Start every server in turn (rich status on stderr); stop all of them on the way out.
 
     Yields the URLs and the control files (servers only) by name.
@@ -121,8 +149,8 @@ def _started(names: Sequence[str], secure: bool) -> Iterator[tuple[dict[str, str
         urls: dict[str, str] = {}
         controls: dict[str, Path] = {}
         for name in names:
-            with console.status(f"starting {name}…"):
-                server = _start(name, secure)
+            with console.status(f"starting {name}…" if nodes == 1 else f"starting {nodes} {name} nodes…"):
+                server = _start(name, secure, nodes)
             started.append(server)
             urls[name] = server.url
             control = controls_dir / f"{name}.json"
@@ -138,9 +166,9 @@ def _started(names: Sequence[str], secure: bool) -> Iterator[tuple[dict[str, str
         shutil.rmtree(controls_dir, ignore_errors=True)
 
 
-def _start(name: str, secure: bool) -> _Server:
+def _start(name: str, secure: bool, nodes: int) -> _Server:
     try:
-        server: _Server = start_store(name, secure=secure)
+        server: _Server = start_cluster(name, nodes) if nodes > 1 else start_store(name, secure=secure)
     except (RuntimeError, ValueError) as exc:
         raise ConfigurationError(f"could not start {name}: {exc}") from None
     return server

@@ -13,7 +13,9 @@ backend's ``TestProfile``), ``consensus_open_session(**options)``,
 that only validate arguments), ``consensus_ns`` (a unique key namespace per
 test), ``consensus_spawn_worker(command, *args, **options)`` (a child process,
 see ``worker.py``), ``consensus_server`` (a ``consensus_api.testing.ServerHandle``
-on the tested server, from the control file ``--consensus-control`` names) and
+on the tested server, from the control file ``--consensus-control`` names; on a
+cluster a ``ClusterHandle``, whose whole-server faults act on every node),
+``consensus_cluster`` (the ``ClusterHandle`` of a cluster's control file) and
 ``consensus_record`` (a fault test's timings).
 
 Which tests apply is declared by the backend's test profile
@@ -49,6 +51,7 @@ from consensus_api.session import Session
 
 if TYPE_CHECKING:
     from consensus_api.testing import ServerHandle
+    from consensus_api.testing.cluster import ClusterHandle
 
 URL_OPTION = "--consensus-url"
 OPTION_OPTION = "--consensus-option"
@@ -337,8 +340,9 @@ def consensus_record(
 @pytest.fixture(scope="session")
 def consensus_controlled_server(
     pytestconfig: pytest.Config, consensus_url: str, consensus_profile: TestProfile
-) -> ServerHandle:
-    """The tested server, from its control file; fails (never skips) when there is none."""
+) -> ServerHandle | ClusterHandle:
+    """The tested server, from its control file; fails (never skips) when there is none. For a cluster
+    a ``ClusterHandle``: the whole-server faults act on every node."""
     problem = _control_problem(pytestconfig, consensus_url, consensus_profile)
     if problem is not None:
         pytest.fail(f"this test needs a controlled server: {problem}", pytrace=False)
@@ -346,12 +350,38 @@ def consensus_controlled_server(
     path = _control_path(pytestconfig, consensus_profile.server)
     assert path is not None
     from consensus_api.testing import ServerHandle  # noqa: PLC0415 - needs the testing extra
+    from consensus_api.testing.cluster import ClusterHandle, is_cluster_control  # noqa: PLC0415
 
+    if is_cluster_control(Path(path)):
+        return ClusterHandle.attach(Path(path))
     return ServerHandle.attach(Path(path))
 
 
 @pytest.fixture
-def consensus_server(consensus_controlled_server: ServerHandle) -> Iterator[ServerHandle]:
+def consensus_cluster(
+    consensus_profile: TestProfile, consensus_controlled_server: ServerHandle | ClusterHandle
+) -> Iterator[ClusterHandle]:
+    """The tested cluster (per node: kill, pause, resume, restart, isolate; which node leads); every
+    node running, healed and the cluster serving again after the test. Fails when there is none."""
+    from consensus_api.testing.cluster import ClusterHandle  # noqa: PLC0415 - needs the testing extra
+
+    if not isinstance(consensus_controlled_server, ClusterHandle):
+        pytest.fail(
+            "this test needs a controlled cluster, the control file is a single server's: run under "
+            f"`consensus servers run {consensus_profile.server} --nodes 3 -- ...`",
+            pytrace=False,
+        )
+    yield consensus_controlled_server
+    consensus_controlled_server.heal()
+    consensus_controlled_server.resume()
+    consensus_controlled_server.spawn()
+    consensus_controlled_server.wait_ready(90)
+
+
+@pytest.fixture
+def consensus_server(
+    consensus_controlled_server: ServerHandle | ClusterHandle,
+) -> Iterator[ServerHandle | ClusterHandle]:
     """The tested server (pause, resume, kill, restart); running and ready again after the test."""
     yield consensus_controlled_server
     consensus_controlled_server.resume()

@@ -33,7 +33,7 @@ from typing import Any
 
 from consensus_api.config import BackendURL, Endpoint, parse_url
 from consensus_api.errors import ConfigurationError
-from consensus_api.testing import SERVER_NAMES
+from consensus_api.testing import CLUSTER_NAMES, SERVER_NAMES
 
 #: What a test marked with each marker needs; a profile may declare any of them not applicable.
 MARKERS: Mapping[str, str] = {
@@ -43,7 +43,11 @@ MARKERS: Mapping[str, str] = {
     "session_expiry": "ending a session from the server side (TestProfile.expire_session)",
     "secured_server": "a server with TLS and passwords (`consensus servers run NAME --secure`)",
     "freezes_a_writer": "a client frozen (SIGSTOP) at any moment, even inside a write, while others write on",
+    "cluster": "a replicated cluster the suite controls per node (`consensus servers run NAME --nodes 3`)",
 }
+
+#: Why ``cluster`` tests do not apply to a URL naming fewer than two servers (``profile_for``).
+SINGLE_SERVER = "the URL names a single server; cluster tests run on `consensus servers run NAME --nodes 3`"
 
 #: ``expire_session(url, identity, timeout)``: end the session ``identity`` names on the server at ``url``.
 SessionExpirer = Callable[[BackendURL, Mapping[str, Any], float], None]
@@ -68,6 +72,9 @@ class TestProfile:
     ``unreachable_url(url, workdir)``: the tested URL moved to a place nothing
     serves, keeping scheme and path (``workdir`` is an empty scratch directory).
     ``not_applicable``: marker (``MARKERS``) -> why tests with it do not apply.
+    ``cluster`` need not be declared: ``profile_for`` declares it for a server
+    without a cluster launcher (``consensus_api.testing.CLUSTER_NAMES``) and for
+    a URL naming a single server.
     ``credentials_in_url``: its URLs may carry a user name and password (False:
     such a URL is a ``ConfigurationError``, as SQLite's file URLs are).
     ``stops_inside_write``: the backend reads the test hook
@@ -119,7 +126,10 @@ def profile_for(url: str | BackendURL) -> TestProfile:
     """The test profile of the backend serving ``url`` (``Backend.test_profile``).
 
     ``ConfigurationError`` for an unknown scheme, a missing extra, or a backend
-    that declares no profile (never a fallback).
+    that declares no profile (never a fallback). Unless the profile declares
+    ``cluster`` itself, its tests are declared not applicable when no cluster
+    launcher starts the backend's server, or the URL names fewer than two
+    servers (``SINGLE_SERVER``).
     """
     from consensus_api.registry import load_backend  # noqa: PLC0415 - registry imports the backend SPI
 
@@ -127,6 +137,12 @@ def profile_for(url: str | BackendURL) -> TestProfile:
     profile = load_backend(parsed.scheme).test_profile(parsed)
     if not isinstance(profile, TestProfile):
         raise ConfigurationError(f"the {parsed.scheme!r} backend's test_profile() returned {profile!r}")
+    if "cluster" not in profile.not_applicable:
+        reason = SINGLE_SERVER if len(parsed.endpoints) < 2 else None
+        if profile.server not in CLUSTER_NAMES:
+            reason = f"no launcher starts a cluster of {profile.server or profile.name} servers"
+        if reason is not None:
+            profile = replace(profile, not_applicable={**profile.not_applicable, "cluster": reason})
     return profile
 
 

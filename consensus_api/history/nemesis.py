@@ -20,9 +20,12 @@ from consensus_api.history.schema import INVOKE, NEMESIS, OK
 
 if TYPE_CHECKING:
     from consensus_api.testing import ServerHandle
+    from consensus_api.testing.cluster import ClusterHandle
 
-FAULTS = ("kill", "pause", "restart", "expire")
+FAULTS = ("kill", "pause", "restart", "expire", "leader-kill", "leader-pause", "partition")
 SERVER_FAULTS = frozenset({"restart"})
+#: Faults of one node of a replicated cluster (``consensus chaos --server NAME --nodes 3``).
+CLUSTER_FAULTS = frozenset({"leader-kill", "leader-pause", "partition"})
 PAUSE_RANGE = (0.5, 3.0)
 DOWN_RANGE = (0.5, 2.0)
 SERVER_READY_TIMEOUT = 60.0
@@ -50,7 +53,7 @@ class Nemesis:
         faults: frozenset[str],
         clients: ClientControl,
         *,
-        server: ServerHandle | None,
+        server: ServerHandle | ClusterHandle | None,
         expire_session: Callable[[Mapping[str, Any]], None] | None,
         session_timeout: float,
         journal: Journal,
@@ -78,6 +81,8 @@ class Nemesis:
         on_server = self.server is not None and (fault in SERVER_FAULTS or self.rng.random() < 0.5)
         if fault == "expire":
             self._expire()
+        elif fault in CLUSTER_FAULTS:
+            self._record(f"{fault}-node", "server node", lambda: self._node_fault(fault))
         elif on_server and fault == "kill":
             self._record("kill-server", "server", self._kill_server)
         elif on_server and fault == "pause":
@@ -128,6 +133,34 @@ class Nemesis:
     def _restart_server(self) -> None:
         assert self.server is not None
         self.server.restart(SERVER_READY_TIMEOUT)
+
+    def _node_fault(self, fault: str) -> str:
+        """On a cluster: kill or pause the leading node, or partition a follower from the others; held
+        for a while, then healed, and the cluster serving again (every node back)."""
+        from consensus_api.testing.cluster import ClusterHandle  # noqa: PLC0415 - the testing extra
+
+        cluster = self.server
+        assert isinstance(cluster, ClusterHandle), "cluster faults need a cluster (--nodes 3)"
+        leader = cluster.wait_leader(SERVER_READY_TIMEOUT)
+        node = leader if fault != "partition" else self.rng.choice([n for n in cluster.ids if n != leader])
+        if fault == "leader-kill":
+            cluster.kill(node)
+            self._hold(DOWN_RANGE)
+            cluster.spawn(node)
+        elif fault == "leader-pause":
+            cluster.pause(node)
+            try:
+                self._hold(PAUSE_RANGE)
+            finally:
+                cluster.resume(node)
+        else:
+            cluster.isolate(node)
+            try:
+                self._hold(PAUSE_RANGE)
+            finally:
+                cluster.heal(node)
+        cluster.wait_ready(SERVER_READY_TIMEOUT)
+        return f"node {node}"
 
     def _pause_client(self, slot: int, low_high: tuple[float, float]) -> str:
         detail = self.clients.pause(slot)

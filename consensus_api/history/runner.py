@@ -29,14 +29,23 @@ from consensus_api.errors import BackendUnavailableError, ConfigurationError
 from consensus_api.history.clients import Clients
 from consensus_api.history.convert import collect, summarize, write_history
 from consensus_api.history.journal import Journal
-from consensus_api.history.nemesis import FAULTS, SERVER_FAULTS, Nemesis
+from consensus_api.history.nemesis import CLUSTER_FAULTS, FAULTS, SERVER_FAULTS, Nemesis
 from consensus_api.history.schema import NEMESIS_PROCESS
 from consensus_api.history.workload import SETTLE_MAX, TEAM_SIZE
 from consensus_api.session import connect
-from consensus_api.testing import SERVER_NAMES, STORE_NAMES, DatabaseFile, require_launchers, start_store
+from consensus_api.testing import (
+    CLUSTER_NAMES,
+    SERVER_NAMES,
+    STORE_NAMES,
+    DatabaseFile,
+    require_launchers,
+    start_cluster,
+    start_store,
+)
 
 if TYPE_CHECKING:
     from consensus_api.testing import ServerHandle
+    from consensus_api.testing.cluster import ClusterHandle
 
 #: The client process of each workload: storage, elections and groups; a resource group; or locks.
 WORKLOADS = {
@@ -68,6 +77,7 @@ class ChaosOptions:
     fault_interval: float = 2.0
     think: float = 0.005
     workload: str = "storage"
+    nodes: int = 1
     seed: int = field(default_factory=lambda: secrets.randbelow(2**31))
 
     def validate(self) -> None:
@@ -89,6 +99,14 @@ class ChaosOptions:
             )
         if self.server is not None:
             require_launchers((self.server,))  # the testing extra, before anything starts
+        if self.nodes > 1 and (self.server not in CLUSTER_NAMES or self.nodes % 2 == 0 or self.nodes < 3):
+            raise ConfigurationError(
+                f"--nodes needs an odd number, at least 3, and --server one of {', '.join(CLUSTER_NAMES)}"
+            )
+        if self.faults & CLUSTER_FAULTS and self.nodes == 1:
+            raise ConfigurationError(
+                f"--faults {','.join(sorted(self.faults & CLUSTER_FAULTS))} need --nodes 3"
+            )
         if self.faults & SERVER_FAULTS and self.server not in SERVER_NAMES:
             raise ConfigurationError("--faults restart needs a server this command controls: --server NAME")
         teams = -(-self.clients // TEAM_SIZE)
@@ -115,14 +133,16 @@ class ChaosResult:
 class _Server:
     """The server a run controls (``consensus_api.testing``): a real one, or a fresh database file."""
 
-    def __init__(self, name: str, workdir: Path) -> None:
+    def __init__(self, name: str, workdir: Path, nodes: int = 1) -> None:
         try:
-            self.store = start_store(name, workdir)
+            self.store = start_cluster(name, nodes, workdir) if nodes > 1 else start_store(name, workdir)
         except RuntimeError as exc:  # the server's log tail is in the message
             raise BackendUnavailableError(f"could not start {name}: {exc}") from exc
         self.url = self.store.url
-        #: The server process, for the server faults; None for a database file.
-        self.handle: ServerHandle | None = None if isinstance(self.store, DatabaseFile) else self.store
+        #: The server process (or cluster), for the server faults; None for a database file.
+        self.handle: ServerHandle | ClusterHandle | None = (
+            None if isinstance(self.store, DatabaseFile) else self.store
+        )
 
     def stop(self) -> None:
         self.store.stop()
@@ -193,7 +213,7 @@ def run_chaos(options: ChaosOptions, progress: Progress | None = None) -> ChaosR
     workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{run}-"))
     server: _Server | None = None
     try:
-        server = _Server(options.server, workdir) if options.server else None
+        server = _Server(options.server, workdir, options.nodes) if options.server else None
         url = server.url if server is not None else str(options.url)
         backend = _probe(url, options)
         started = time.monotonic()

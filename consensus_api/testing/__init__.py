@@ -5,6 +5,8 @@ its own temp dir (inside ``workdir`` when given) and is controlled by PID.
 ``ServerHandle.attach(path)`` rebuilds a handle in another process from the
 control file ``consensus servers run`` writes (``$CONSENSUS_CONTROL``).
 ``start_store(name)`` also knows ``sqlite``: a fresh database file, no process.
+``start_cluster(name, nodes)`` starts a replicated cluster (``CLUSTER_NAMES``), a
+``consensus_api.testing.cluster.ClusterHandle`` with per-node control.
 ``consensus_api.testing.proxy`` puts a TCP proxy between clients and a server,
 ``consensus_api.testing.faults`` ends a client's session on the server side.
 The launchers need the ``testing`` extra (mirakuru, psutil, trustme, cryptography) and are
@@ -24,15 +26,19 @@ from consensus_api.testing.sqlite import DatabaseFile
 
 if TYPE_CHECKING:
     from consensus_api.testing._process import ServerHandle
+    from consensus_api.testing.cluster import ClusterHandle
 
 __all__ = [
+    "CLUSTER_NAMES",
     "SECURE_NAMES",
     "SERVER_NAMES",
     "STORE_NAMES",
     "DatabaseFile",
     "ServerHandle",
+    "launcher_of",
     "probe_for",
     "require_launchers",
+    "start_cluster",
     "start_server",
     "start_store",
 ]
@@ -41,10 +47,18 @@ __all__ = [
 SERVER_NAMES = ("postgresql", "mariadb", "zookeeper", "etcd", "kafka")
 #: The servers with a secure variant (``start_server(name, secure=True)``).
 SECURE_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
+#: The servers whose launcher also starts a replicated cluster (``start_cluster``).
+CLUSTER_NAMES = ("zookeeper",)
 #: What ``start_store`` starts: a database file (no process) or one of the servers.
 STORE_NAMES = ("sqlite", *SERVER_NAMES)
 #: The extra that brings the launchers' dependencies.
 EXTRA = "testing"
+
+
+def launcher_of(name: str) -> Any:
+    """The launcher module of the server ``name`` (``ConfigurationError`` naming the extra when it
+    is missing); ValueError for unknown names."""
+    return _launcher(name)
 
 
 def _launcher(name: str) -> Any:
@@ -83,6 +97,22 @@ def start_server(name: str, workdir: Path | None = None, *, secure: bool = False
     if secure and name not in SECURE_NAMES:
         raise ValueError(f"no secure variant of {name!r}; secure servers: {', '.join(SECURE_NAMES)}")
     handle: ServerHandle = launcher.start(workdir, secure=True) if secure else launcher.start(workdir)
+    return handle
+
+
+def start_cluster(name: str, nodes: int = 3, workdir: Path | None = None) -> ClusterHandle:
+    """Start a replicated cluster of ``nodes`` servers ``name`` (``CLUSTER_NAMES``) and wait until it
+    serves (one leader, the others following); see ``consensus_api.testing.cluster``.
+
+    Raises ValueError for a server without a cluster launcher or fewer than 3 (or an even number of)
+    nodes, ``ConfigurationError`` when the ``testing`` extra is missing, and RuntimeError, with the
+    logs' tails, when it cannot start; nothing is left running then.
+    """
+    if name not in CLUSTER_NAMES:
+        raise ValueError(f"no cluster launcher for {name!r}; clusters: {', '.join(CLUSTER_NAMES)}")
+    if nodes < 3 or nodes % 2 == 0:
+        raise ValueError(f"a cluster needs an odd number of nodes, at least 3 (got {nodes})")
+    handle: ClusterHandle = _launcher(name).start_cluster(workdir, nodes)
     return handle
 
 

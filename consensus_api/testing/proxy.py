@@ -18,7 +18,9 @@ partition heals. ``drop`` is what a crashed middlebox or a firewall reset
 looks like: every connection is reset and new connections are reset on
 accept until ``heal``. ``stall_after(n)`` stalls once ``n`` replies (what one
 read from the server returns) went through: a server that answers a
-handshake, then goes silent.
+handshake, then goes silent. A connection the target refuses is reset; with
+``connect_retry`` the proxy first retries that long (a peer about to listen,
+such as a ZooKeeper server becoming leader, is reached rather than reset).
 
 Each connection has two pump threads; all threads are daemons and every wait
 is bounded, so ``close`` returns within about a second.
@@ -31,6 +33,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 from consensus_api.closing import Closing
@@ -69,9 +72,17 @@ class TcpProxy(Closing):
     """Forwards ``listen_host:listen_port`` to ``target_host:target_port``; see the module docstring."""
 
     def __init__(
-        self, target_port: int, *, target_host: str = HOST, listen_port: int = 0, listen_host: str = HOST
+        self,
+        target_port: int,
+        *,
+        target_host: str = HOST,
+        listen_port: int = 0,
+        listen_host: str = HOST,
+        connect_retry: float = 0.0,
     ) -> None:
         self.target = (target_host, target_port)
+        #: Seconds a new connection waits for the target to accept before it is reset (0: one attempt).
+        self.connect_retry = connect_retry
         self.host = listen_host
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -171,25 +182,36 @@ class TcpProxy(Closing):
                 client, _ = self._listener.accept()
             except (OSError, ValueError):
                 return  # closed
-            with self._lock:
-                refusing = self._refusing or self._closed
-            if refusing:
-                _reset(client)
-                continue
+            self._start(self._connect, "consensus-proxy-connect", client)
+
+    def _refusing_now(self) -> bool:
+        with self._lock:
+            return self._refusing or self._closed
+
+    def _connect(self, client: socket.socket) -> None:
+        """Connect ``client`` upstream (retrying for ``connect_retry`` seconds) and start its pumps; reset
+        it if refusing or the target does not accept."""
+        deadline = time.monotonic() + self.connect_retry
+        upstream: socket.socket | None = None
+        while upstream is None and not self._refusing_now():
             try:
                 upstream = socket.create_connection(self.target, timeout=2)
             except OSError:
-                _reset(client)
-                continue
-            upstream.settimeout(None)
-            link = _Link(client, upstream)
-            with self._lock:
-                if self._refusing or self._closed:
-                    link.close(reset=True)
-                    continue
-                self._links.add(link)
-            self._start(self._pump, "consensus-proxy-up", link, client, upstream)
-            self._start(self._pump, "consensus-proxy-down", link, upstream, client)
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(TICK)
+        if upstream is None:
+            _reset(client)
+            return
+        upstream.settimeout(None)
+        link = _Link(client, upstream)
+        with self._lock:
+            if self._refusing or self._closed:
+                link.close(reset=True)
+                return
+            self._links.add(link)
+        self._start(self._pump, "consensus-proxy-up", link, client, upstream)
+        self._start(self._pump, "consensus-proxy-down", link, upstream, client)
 
     def _pump(self, link: _Link, source: socket.socket, sink: socket.socket) -> None:
         try:

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from consensus_api.testing import ServerHandle, start_server
+from consensus_api.testing import ServerHandle, start_cluster, start_server
+from consensus_api.testing.cluster import ClusterHandle
 
 
 def _serve(name: str) -> Iterator[ServerHandle]:
@@ -45,3 +46,10 @@ def etcd_server() -> Iterator[ServerHandle]:
 def kafka_server() -> Iterator[ServerHandle]:
     """A Kafka server for the whole session."""
     yield from _serve("kafka")
+
+
+@pytest.fixture(scope="session")
+def zookeeper_cluster() -> Iterator[ClusterHandle]:
+    """A 3-node ZooKeeper ensemble for the whole session (``consensus_api.testing.cluster``)."""
+    with start_cluster("zookeeper", 3) as cluster:
+        yield cluster

@@ -1,4 +1,5 @@
-"""ZooKeeper test server: Debian's ``zookeeper`` jars run as a standalone JVM.
+"""ZooKeeper test server: Debian's ``zookeeper`` jars run as a standalone JVM (the ensemble of
+``start_cluster``: ``consensus_api.testing.zookeeper_ensemble``).
 
 ``tickTime=500`` allows client session timeouts from 1 s to 60 s. The secure
 variant (``start(secure=True)``) serves clients only on a TLS port (Netty,
@@ -13,10 +14,16 @@ from __future__ import annotations
 
 import secrets
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from consensus_api.testing._process import HOST, ServerHandle, free_port, java_binary, launch, tcp_request
+from consensus_api.testing.cluster import NodeStatus
+
+if TYPE_CHECKING:
+    from consensus_api.testing.cluster import ClusterHandle
 
 START_TIMEOUT = 30.0
 JAVA_DIR = Path("/usr/share/java")
@@ -76,6 +83,45 @@ def _protect_chroot(port: int, password: str) -> None:
         client.close()
 
 
+STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+
+
+def _write_config(directory: Path, port: int, extra: str = "") -> Path:
+    """``<directory>/zoo.cfg`` of a server whose clients use ``port``, with ``extra`` lines."""
+    config = directory / "zoo.cfg"
+    config.write_text(
+        extra + "tickTime=500\n"
+        f"dataDir={directory / 'data'}\n"
+        f"clientPort={port}\n"
+        f"clientPortAddress={HOST}\n"
+        "maxClientCnxns=0\n"
+        "admin.enableServer=false\n"
+        "4lw.commands.whitelist=ruok,srvr,stat,mntr,cons,dump\n"
+        "minSessionTimeout=1000\n"
+        "maxSessionTimeout=60000\n"
+    )
+    return config
+
+
+def _command(
+    java: str, classpath: str, directory: Path, config: Path, main: str, *, heap: str = "256m"
+) -> list[str]:
+    """The JVM command line of one server (SerialGC, a ``heap`` limit)."""
+    return [
+        java,
+        f"-Xmx{heap}",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        f"-Dzookeeper.log.dir={directory / 'log'}",
+        "-Dzookeeper.root.logger=INFO,CONSOLE",
+        f"-Dlog4j.configuration=file:{LOG4J_CONF}",
+        "-cp",
+        classpath,
+        main,
+        str(config),
+    ]
+
+
 def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
     """Start a fresh standalone ZooKeeper on a free loopback port and wait until ``srvr`` answers."""
     java, classpath = java_binary(), _classpath()
@@ -94,31 +140,8 @@ def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
             {"tls_ca": certs / "ca.pem", "tls_cert": certs / "client.pem", "tls_key": certs / "client.key"}
         )
         url = f"zookeeper://{SECURE_USER}:{password}@{HOST}:{client_port}{SECURE_CHROOT}?{query}"
-    config = directory / "zoo.cfg"
-    config.write_text(
-        tls + "tickTime=500\n"
-        f"dataDir={directory / 'data'}\n"
-        f"clientPort={port}\n"
-        f"clientPortAddress={HOST}\n"
-        "maxClientCnxns=0\n"
-        "admin.enableServer=false\n"
-        "4lw.commands.whitelist=ruok,srvr,stat,mntr,cons,dump\n"
-        "minSessionTimeout=1000\n"
-        "maxSessionTimeout=60000\n"
-    )
-    command = [
-        java,
-        "-Xmx256m",
-        "-XX:+UseSerialGC",
-        "-XX:TieredStopAtLevel=1",
-        f"-Dzookeeper.log.dir={directory / 'log'}",
-        "-Dzookeeper.root.logger=INFO,CONSOLE",
-        f"-Dlog4j.configuration=file:{LOG4J_CONF}",
-        "-cp",
-        classpath,
-        "org.apache.zookeeper.server.ZooKeeperServerMain",
-        str(config),
-    ]
+    config = _write_config(directory, port, tls)
+    command = _command(java, classpath, directory, config, STANDALONE_MAIN)
     handle = ServerHandle(
         "zookeeper",
         url,
@@ -135,3 +158,33 @@ def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
             handle.stop()
             raise
     return handle
+
+
+def start_cluster(workdir: Path | None = None, nodes: int = 3) -> ClusterHandle:
+    """A ZooKeeper ensemble of ``nodes`` servers (``consensus_api.testing.zookeeper_ensemble``)."""
+    from consensus_api.testing.zookeeper_ensemble import start_ensemble  # noqa: PLC0415 - clusters only
+
+    return start_ensemble(workdir, nodes)
+
+
+def status(port: int) -> NodeStatus | None:
+    """The role (``srvr``'s mode: leader, follower, standalone) and epoch (of the last zxid) of the
+    server whose clients use ``port``; None when it does not serve."""
+    answer = tcp_request(port, b"srvr").decode(errors="replace")
+    fields = dict(line.partition(": ")[::2] for line in answer.splitlines() if ": " in line)
+    if "Mode" not in fields:
+        return None
+    try:
+        epoch: int | None = int(fields.get("Zxid", ""), 16) >> 32
+    except ValueError:
+        epoch = None
+    return NodeStatus(fields["Mode"].strip(), epoch)
+
+
+def serves_session(port: int, identity: Mapping[str, Any]) -> bool:
+    """Whether the server at ``port`` holds the client connection of the ZooKeeper session
+    ``identity`` names (``{"session_id": int, ...}``, the backend's ``fault_identity``): ``cons``."""
+    session_id = identity.get("session_id")
+    if not isinstance(session_id, int):
+        return False
+    return f"sid=0x{session_id:x}," in tcp_request(port, b"cons").decode(errors="replace")

@@ -51,5 +51,8 @@ ETCD = TestProfile(
     detection_delay=_detection_delay,
     expire_session=_expire,
     unreachable_url=moved_to_free_port,
-    not_applicable={"database_file": "a database-file fault (SQLite only)"},
+    not_applicable={
+        "database_file": "a database-file fault (SQLite only)",
+        "cluster": "no etcd cluster launcher yet (issue 15: the ZooKeeper ensemble came first)",
+    },
 )

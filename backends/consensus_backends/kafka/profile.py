@@ -53,5 +53,8 @@ KAFKA = TestProfile(
     detection_delay=lambda session_timeout: min(1.0, session_timeout / 6) + 1.5,
     expire_session=_expire,
     unreachable_url=moved_to_free_port,
-    not_applicable={"database_file": "a database-file fault (SQLite only)"},
+    not_applicable={
+        "database_file": "a database-file fault (SQLite only)",
+        "cluster": "no Kafka cluster launcher yet (issue 15: the ZooKeeper ensemble came first)",
+    },
 )

@@ -88,6 +88,9 @@ def _uncreatable_database(url: BackendURL, workdir: Path) -> BackendURL:
     return replace(url, path=f"/{blocker}/sub/ct.db")
 
 
+#: Replication of a SQL server is the database's own (primary and standbys), outside what we test.
+SQL_CLUSTER = "one database server: its replication (primary and standbys) is the database's own"
+
 SQLITE = TestProfile(
     name="sqlite",
     server=None,
@@ -98,6 +101,7 @@ SQLITE = TestProfile(
         "requires_server": "SQLite has no server process",
         "secured_server": "SQLite has no server, so no TLS or passwords",
         "freezes_a_writer": "a process frozen inside a write holds SQLite's file lock: writers wait for it",
+        "cluster": "SQLite is a file, not a replicated cluster",
     },
     credentials_in_url=False,
     stops_inside_write=True,
@@ -109,7 +113,7 @@ POSTGRESQL = TestProfile(
     detection_delay=_detection_delay,
     expire_session=_expire_postgresql,
     unreachable_url=moved_to_free_port,
-    not_applicable={"database_file": "a database-file fault (SQLite only)"},
+    not_applicable={"database_file": "a database-file fault (SQLite only)", "cluster": SQL_CLUSTER},
     stops_inside_write=True,
 )
 
@@ -119,7 +123,7 @@ MARIADB = TestProfile(
     detection_delay=_detection_delay,
     expire_session=_expire_mariadb,
     unreachable_url=moved_to_free_port,
-    not_applicable={"database_file": "a database-file fault (SQLite only)"},
+    not_applicable={"database_file": "a database-file fault (SQLite only)", "cluster": SQL_CLUSTER},
     stops_inside_write=True,
 )
 

@@ -69,26 +69,35 @@ class ZooKeeperBackend(Backend):
         """Connect, then create the chroot's base znodes and check that the credentials may use them,
         all within ``connect_timeout``: a server that answers the handshake, then nothing, is
         ``BackendUnavailableError`` like one that never answers; kazoo's threads and sockets are gone
-        when it is raised."""
+        when it is raised. A session lost before this returns (an ensemble restarted before it
+        committed the new session) is replaced: the set-up is retried on the next session."""
         timeout = self.settings.connect_timeout
         deadline = time.monotonic() + timeout
         self._connection.open(deadline)
-        try:
-            ensure(self._connection, self._layout.base_paths(), deadline)
-            self._connection.read(
-                lambda client: [client.get_children_async(self._layout.kv)],
-                deadline,
-                barrier=self._layout.barrier_path,
-            )
-        except (OperationTimeoutError, SessionLostError) as exc:
+        while True:
+            try:
+                ensure(self._connection, self._layout.base_paths(), deadline)
+                self._connection.read(
+                    lambda client: [client.get_children_async(self._layout.kv)],
+                    deadline,
+                    barrier=self._layout.barrier_path,
+                )
+                return
+            except SessionLostError as exc:
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)  # kazoo opens the next session
+                    continue
+                failure: ConsensusError = exc
+            except OperationTimeoutError as exc:
+                failure = exc
+            except ConsensusError:
+                self._connection.close()
+                raise
             self._connection.abort()
             raise BackendUnavailableError(
                 f"ZooKeeper at {self.url.redacted()} accepted the connection but did not answer "
-                f"within connect_timeout ({timeout:g} s): {exc}"
+                f"within connect_timeout ({timeout:g} s): {failure}"
             ) from None
-        except ConsensusError:
-            self._connection.close()
-            raise
 
     def close(self) -> None:
         """Close the ZooKeeper session: its members and candidates are gone when this returns."""

@@ -18,7 +18,11 @@ Guarantees:
   (the server has most likely expired the session); if kazoo then resumes that
   very session, it is closed (the server drops its ephemerals at once) and a
   new one is opened before CONNECTED is reported. So after LOST no ephemeral
-  of the old session survives into the new one.
+  of the old session survives into the new one. A LOST because kazoo's own
+  connection thread died is followed by a new session too. Should an
+  ephemeral of an earlier session still be there (its close not yet
+  applied), ``refuse_if_ghost`` makes a create that collides with it a
+  passing ``ConsensusError``, not "taken by another session".
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 from kazoo import exceptions as kz
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import KeeperState
 from kazoo.retry import KazooRetry
 
 from consensus_api.config import BackendURL, Options
@@ -105,6 +110,8 @@ class Connection:
         self._closing = False
         self._restarting = False
         self._session_id: int | None = None
+        #: The ids of this client's earlier sessions (their ephemerals are ghosts once LOST).
+        self._past_sessions: set[int] = set()
         self._presumed_lost: int | None = None
         self._epoch = 0
         self._losses = 0
@@ -129,6 +136,17 @@ class Connection:
     def owns(self, stat: Any) -> bool:
         """Whether ``stat`` is that of an ephemeral znode of the current session."""
         return stat is not None and stat.ephemeralOwner == self._session_id
+
+    def refuse_if_ghost(self, path: str, deadline: float) -> None:
+        """A create of ``path`` found it taken: ``ConsensusError`` (retry later) if it is an ephemeral
+        of an earlier session of this client, still closing after LOST; otherwise return."""
+        [stat] = self.run(lambda client: [client.exists_async(path)], deadline, idempotent=True)
+        owner = getattr(stat, "ephemeralOwner", None)
+        if owner in self._past_sessions:
+            raise ConsensusError(
+                f"{path} still belongs to this client's previous ZooKeeper session 0x{owner:x}, which the "
+                "server has not closed yet; retry"
+            )
 
     def open(self, deadline: float) -> None:
         """Connect; ``BackendUnavailableError`` at ``deadline``, with kazoo stopped (``abort``)."""
@@ -318,6 +336,8 @@ class Connection:
                 else:
                     self._presumed_lost = None
                     new_session = session_id != self._session_id
+                    if new_session and self._session_id is not None:
+                        self._past_sessions.add(self._session_id)
                     self._session_id = session_id
                     self._connected = True
                     self._report(SessionState.CONNECTED)
@@ -334,11 +354,19 @@ class Connection:
                 self._presumed_lost = None
                 self._losses += 1
                 self._report(SessionState.LOST)
+                restart = self._restarting = self._loop_died()
         if restart:
             threading.Thread(target=self._restart, name="consensus-zookeeper-restart", daemon=True).start()
         elif state == KazooState.CONNECTED:
             log.debug("ZooKeeper session 0x%x connected (new: %s)", self._session_id or 0, new_session)
             self._on_connected()
+
+    def _loop_died(self) -> bool:
+        """kazoo's connection thread ended on an error of its own (its "unhandled exception in
+        connection loop", e.g. "xids do not match" after a server answered out of order): it will
+        never reconnect by itself, so the session must be restarted (not after a refused login)."""
+        stopped = self.client._connection.connection_stopped.is_set()  # kazoo's loop ended
+        return bool(stopped) and self.client.client_state != KeeperState.AUTH_FAILED
 
     def _new_epoch(self) -> None:
         """A state change: wake waiting calls, invalidate the local-expiry timer (lock held)."""
@@ -360,8 +388,11 @@ class Connection:
         log.info("no ZooKeeper connection for %g s: session presumed lost", self._settings.session_timeout)
 
     def _restart(self) -> None:
-        """kazoo resumed a session presumed lost: close it, then start a new one."""
-        log.info("ZooKeeper resumed session 0x%x, presumed lost: closing it", self._session_id or 0)
+        """kazoo resumed a session presumed lost, or its connection thread died: close the client,
+        then start a new session."""
+        log.info(
+            "ZooKeeper session 0x%x presumed lost or its client stopped: restarting", self._session_id or 0
+        )
         try:
             self.client.stop()
         except Exception:

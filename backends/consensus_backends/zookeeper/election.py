@@ -72,6 +72,7 @@ class Elections:
                 path = str(results[1])
                 break
             if role == "claim" and isinstance(error, NodeExistsError):
+                self._connection.refuse_if_ghost(claim, deadline)
                 raise MemberExistsError(f"a live candidate of {service!r} has the id {candidate_id!r}")
             if not isinstance(error, NoNodeError):
                 raise ConsensusError(f"nominate failed in ZooKeeper: {type(error).__name__}")

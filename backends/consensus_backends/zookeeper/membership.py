@@ -68,6 +68,7 @@ class Groups:
                 return
             if role == "member" and isinstance(error, NodeExistsError):
                 self._drop_chunks(group, chunks, deadline)
+                self._connection.refuse_if_ghost(path, deadline)
                 raise MemberExistsError(f"a live member of {group!r} already has the id {member_id!r}")
             if not isinstance(error, NoNodeError):
                 raise ConsensusError(f"join failed in ZooKeeper: {type(error).__name__}")

@@ -1,0 +1,215 @@
+"""Replicated clusters from consensus_api.testing: the links process, the ZooKeeper ensemble, its control
+file, `consensus servers run --nodes` and the ``cluster`` marker of the test profiles (real servers only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+from kazoo.client import KazooClient
+
+from consensus_api.cli import cli
+from consensus_api.conformance.profile import SINGLE_SERVER, profile_for
+from consensus_api.errors import ConfigurationError
+from consensus_api.history.runner import ChaosOptions
+from consensus_api.testing import start_cluster
+from consensus_api.testing._process import HOST, free_port
+from consensus_api.testing.cluster import ClusterHandle, link_name, links_of
+from consensus_api.testing.links import Links
+
+
+@pytest.fixture
+def echo() -> Iterator[int]:
+    """A TCP echo server on loopback; its port."""
+    server = socket.create_server((HOST, 0))
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=_echo, args=(connection,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(2)
+    server.close()
+
+
+def _echo(connection: socket.socket) -> None:
+    with connection:
+        while data := connection.recv(4096):
+            connection.sendall(data)
+
+
+def test_links_stall_and_heal_by_name_from_another_handle(echo: int, tmp_path: Path) -> None:
+    """A stalled link forwards nothing (its connection stays open); healed, the bytes arrive; a handle
+    attached from ``describe()`` controls the same process; unknown names are refused before any I/O."""
+    listen = free_port()
+    links = Links.start(tmp_path / "links", {link_name(1, 2, "quorum"): (listen, echo)})
+    try:
+        other = Links.attach(json.loads(json.dumps(links.describe())))
+        with socket.create_connection((HOST, listen), timeout=5) as client:
+            client.sendall(b"a")
+            assert client.recv(1) == b"a"
+            other.stall(links_of(other.names, 2))
+            client.sendall(b"b")
+            client.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                client.recv(1)
+            other.heal()
+            client.settimeout(5)
+            assert client.recv(1) == b"b"
+        with pytest.raises(ValueError, match="unknown links"):
+            other.stall(["9>1:quorum"])
+    finally:
+        links.stop()
+    assert links.pid is not None
+    assert _zombie(links.pid)
+
+
+def _zombie(pid: int | None) -> bool:
+    try:
+        return pid is not None and psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_links_of_picks_the_links_of_one_node() -> None:
+    names = [link_name(a, b, kind) for a in (1, 2, 3) for b in (1, 2, 3) if a != b for kind in ("q", "e")]
+    assert sorted(links_of(names, 3)) == sorted(n for n in names if "3" in n.partition(":")[0])
+    assert len(links_of(names, 3)) == 8
+
+
+def test_start_cluster_refuses_what_it_cannot_start() -> None:
+    with pytest.raises(ValueError, match="no cluster launcher"):
+        start_cluster("postgresql")
+    with pytest.raises(ValueError, match="odd number"):
+        start_cluster("zookeeper", 2)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["zookeeper", "--nodes", "2"], "odd and at least 3"),
+        (["zookeeper", "etcd", "--nodes", "3"], "as a cluster"),
+        (["postgresql", "--nodes", "3"], "as a cluster"),
+        (["zookeeper", "--secure", "--nodes", "3"], "as a cluster"),
+    ],
+)
+def test_servers_run_nodes_usage_errors(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, ["servers", "run", *args, "--", "true"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_cluster_marker_is_declared_for_single_servers_and_backends_without_a_launcher() -> None:
+    assert profile_for("zookeeper://127.0.0.1:2181").not_applicable["cluster"] == SINGLE_SERVER
+    assert "cluster" not in profile_for("zookeeper://127.0.0.1:1,127.0.0.1:2").not_applicable
+    assert "cluster" in profile_for("etcd://127.0.0.1:1,127.0.0.1:2").not_applicable
+    assert profile_for("postgresql://u@127.0.0.1:1,127.0.0.1:2/db").not_applicable["cluster"]
+
+
+def test_zookeeper_ensemble_under_servers_run(tmp_path: Path) -> None:
+    """``consensus servers run zookeeper --nodes 3``: the URL names three nodes, the control file each
+    node; a process attached to it finds the leader, kills it and restarts it; the others elect a new
+    leader in a higher epoch; a write through one node is read through another; nothing is left."""
+    script = tmp_path / "check.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "from pathlib import Path\n"
+        "from kazoo.client import KazooClient\n"
+        "from consensus_api.testing.cluster import ClusterHandle\n"
+        "cluster = ClusterHandle.attach(Path(os.environ['CONSENSUS_CONTROL']))\n"
+        "assert os.environ['CONSENSUS_URL'] == cluster.url and cluster.url.count(',') == 2, cluster.url\n"
+        "leader = cluster.wait_leader(30)\n"
+        "epoch = cluster.status(leader).term\n"
+        "cluster.kill(leader)\n"
+        "new = cluster.wait_leader(30, among=[n for n in cluster.ids if n != leader])\n"
+        "cluster.restart(60, node=leader)\n"
+        "assert cluster.status(new).term > epoch, (cluster.status(new), epoch)\n"
+        "a, b = (KazooClient(hosts=cluster.node_url(n).split('//')[1]) for n in (leader, new))\n"
+        "a.start(10); b.start(10)\n"
+        "a.create('/x', b'1'); b.sync('/x')\n"
+        "assert b.get('/x')[0] == b'1'\n"
+        "a.stop(); b.stop()\n"
+        "print(json.dumps({'pids': [h.pid for h in cluster.nodes] + [cluster.links.pid],"
+        " 'dir': str(cluster.directory)}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "consensus_api.cli", "servers", "run", "zookeeper", "--nodes", "3", "--",
+         sys.executable, str(script)],
+        capture_output=True, text=True, timeout=240, env={**os.environ}, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    left = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not [pid for pid in left["pids"] if psutil.pid_exists(pid) and not _zombie(pid)]
+    assert not Path(left["dir"]).exists()
+
+
+def test_cluster_handle_pins_sessions_and_isolates_a_node(zookeeper_cluster: ClusterHandle) -> None:
+    """A session pinned to a node is served by that node (``serving``); an isolated follower stops
+    serving within a few seconds, the others keep serving; healed, it follows again."""
+    cluster = zookeeper_cluster
+    leader = cluster.wait_leader(30)
+    follower = next(n for n in cluster.ids if n != leader)
+    client = KazooClient(hosts=cluster.node_url(follower).split("//")[1], timeout=10)
+    client.start(10)
+    try:
+        identity = {"session_id": client.client_id[0]}
+        assert cluster.serving(identity) == follower
+        cluster.isolate(follower)
+        _until(lambda: cluster.status(follower) is None, 15)
+        assert cluster.leader() == leader
+        cluster.heal()
+        cluster.wait_ready(30)
+    finally:
+        client.stop()
+        client.close()
+
+
+def _until(check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("server", "nodes", "faults", "message"),
+    [
+        ("zookeeper", 1, {"leader-kill"}, "need --nodes 3"),
+        ("etcd", 3, {"kill"}, "--nodes needs"),
+        ("zookeeper", 4, {"partition"}, "--nodes needs"),
+    ],
+)
+def test_chaos_cluster_options_are_checked_before_anything_starts(
+    server: str, nodes: int, faults: set[str], message: str, tmp_path: Path
+) -> None:
+    options = ChaosOptions(
+        url=None,
+        server=server,
+        duration=1,
+        clients=1,
+        keys=1,
+        faults=frozenset(faults),
+        out=tmp_path,
+        nodes=nodes,
+    )
+    with pytest.raises(ConfigurationError, match=message):
+        options.validate()
