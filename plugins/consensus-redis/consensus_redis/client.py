@@ -1,0 +1,126 @@
+"""Commands and scripts over one redis-py connection pool, with the contract's error semantics.
+
+A call that fails before its command was sent (no connection, a server still
+loading its data after a restart) is retried until the call's deadline, then
+raises ``BackendUnavailableError``: it was not applied. A call whose command
+was sent but whose reply never came by the deadline raises
+``OperationTimeoutError`` (for a write: its effect is unknown); a read whose
+connection broke is sent again.
+redis-py's own retries are off, so nothing is sent twice behind our back.
+The password is handed to redis-py only; no message here names it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    NoScriptError,
+    ResponseError,
+)
+from redis.retry import Retry
+
+from consensus_api.config import BackendURL
+from consensus_api.errors import BackendUnavailableError, ConfigurationError, OperationTimeoutError
+from consensus_redis.scripts import PRELUDE
+
+DEFAULT_PORT = 6379
+#: Seconds between tries of a call that could not be sent.
+RETRY_PAUSE = 0.05
+#: Replies that say the server did not run the command (it is starting, or busy with a script).
+_NOT_RUN = ("LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN")
+_NETWORK = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+class Script:
+    """One Lua script: ``PRELUDE`` plus its body, called by SHA1 (``EVALSHA``), loaded on ``NOSCRIPT``."""
+
+    def __init__(self, body: str) -> None:
+        self.source = (PRELUDE + body).encode()
+        self.sha = hashlib.sha1(self.source).hexdigest()  # Redis names scripts by SHA1
+
+
+class RedisClient:
+    """A connection pool to one Redis server; thread-safe."""
+
+    def __init__(self, url: BackendURL, request_timeout: float, connect_timeout: float) -> None:
+        endpoint = url.endpoints[0] if url.endpoints else None
+        self.address = f"{endpoint.host if endpoint else '127.0.0.1'}:{(endpoint and endpoint.port) or 6379}"
+        self.request_timeout = request_timeout
+        self.pool = redis.ConnectionPool(
+            host=endpoint.host if endpoint else "127.0.0.1",
+            port=(endpoint and endpoint.port) or DEFAULT_PORT,
+            username=url.username,
+            password=url.password,
+            socket_timeout=request_timeout,
+            socket_connect_timeout=min(request_timeout, connect_timeout),
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+            protocol=2,  # the replies' shapes below are RESP2's
+        )
+
+    def close(self) -> None:
+        """Close every connection of the pool."""
+        self.pool.disconnect()
+
+    def deadline(self) -> float:
+        """The deadline of a call starting now."""
+        return time.monotonic() + self.request_timeout
+
+    def command(self, *args: Any, write: bool = False, deadline: float | None = None) -> Any:
+        """Run one command; see the module docstring for what is retried and raised."""
+        deadline = deadline or self.deadline()
+        while True:
+            sent = False
+            try:
+                connection = self.pool.get_connection()
+            except (AuthenticationError, AuthorizationError) as exc:
+                raise ConfigurationError(f"redis at {self.address} refused the credentials: {exc}") from None
+            except _NETWORK as exc:
+                self._pause_or_raise(deadline, f"cannot reach redis at {self.address}: {exc}")
+                continue
+            try:
+                connection.send_command(*args)  # type: ignore[no-untyped-call]
+                sent = True
+                return connection.read_response(timeout=max(deadline - time.monotonic(), 0.01))
+            except (NoScriptError, AuthorizationError):
+                raise
+            except ResponseError as exc:
+                if not str(exc).startswith(_NOT_RUN):
+                    raise BackendUnavailableError(
+                        f"redis at {self.address} refused {args[0]}: {exc}"
+                    ) from None
+                self._pause_or_raise(deadline, f"redis at {self.address} is not ready: {exc}")
+            except _NETWORK as exc:
+                connection.disconnect()  # type: ignore[no-untyped-call]
+                if sent and (write or isinstance(exc, redis.TimeoutError)):
+                    raise OperationTimeoutError(
+                        f"redis at {self.address} did not answer {args[0]} ({exc}); its effect is unknown"
+                    ) from None
+                self._pause_or_raise(deadline, f"redis at {self.address} did not answer: {exc}")
+            finally:
+                self.pool.release(connection)
+
+    def run(
+        self, script: Script, *args: str | bytes | int, write: bool = True, deadline: float | None = None
+    ) -> list[Any]:
+        """Run ``script`` with ``args`` as ARGV; its reply (an array, first element decoded)."""
+        deadline = deadline or self.deadline()
+        try:
+            reply = self.command("EVALSHA", script.sha, 0, *args, write=write, deadline=deadline)
+        except NoScriptError:
+            reply = self.command("EVAL", script.source, 0, *args, write=write, deadline=deadline)
+        if not isinstance(reply, list) or not reply:
+            raise BackendUnavailableError(f"unexpected reply from a script: {reply!r}")
+        return [reply[0].decode(), *reply[1:]]
+
+    def _pause_or_raise(self, deadline: float, reason: str) -> None:
+        if time.monotonic() + RETRY_PAUSE >= deadline:
+            raise BackendUnavailableError(reason)
+        time.sleep(RETRY_PAUSE)
