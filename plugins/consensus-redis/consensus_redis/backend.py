@@ -74,7 +74,7 @@ class RedisBackend(Backend):
         self._prefix = self._layout.prefix
         self._client = RedisClient(url, options.request_timeout, options.connect_timeout)
         self._lease = Lease(self._client, self._prefix, options.session_timeout, self._on_state)
-        self._changes = ChangeStream(self._client, self._layout, events.changed)
+        self._changes = ChangeStream(self._client, self._layout, events.changed, self._lease.check_now)
         self._closed = False
         self._lock = threading.Lock()
 

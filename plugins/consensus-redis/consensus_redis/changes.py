@@ -7,7 +7,8 @@ when the session opens and reports each entry of a watched target through
 ``changed``. It never loses an event silently: a jump in ``seq`` (entries
 trimmed before it read them) or a broken connection (entries may have come
 meanwhile) makes it report every watched target, after which it goes on from
-the last id it read. Keyspace notifications are not used: Redis drops them
+the last id it read; a broken connection also makes the heartbeat check
+at once. Keyspace notifications are not used: Redis drops them
 for a disconnected subscriber.
 """
 
@@ -38,8 +39,15 @@ _KINDS = {b"v": TargetKind.VALUE, b"k": TargetKind.KEYSET, b"g": TargetKind.GROU
 class ChangeStream:
     """A thread reading the change stream and reporting the watched targets it names."""
 
-    def __init__(self, client: RedisClient, layout: Layout, changed: Callable[[Target], None]) -> None:
+    def __init__(
+        self,
+        client: RedisClient,
+        layout: Layout,
+        changed: Callable[[Target], None],
+        on_trouble: Callable[[], None],
+    ) -> None:
         self._client = client
+        self._on_trouble = on_trouble
         self._stream = layout.key("changes")
         self._changed = changed
         self._lock = threading.Lock()
@@ -85,6 +93,8 @@ class ChangeStream:
                 )
             except ConsensusError as exc:
                 log.debug("change stream read failed: %s", exc)
+                if not broken:
+                    self._on_trouble()  # the session may be in trouble too: the heartbeat checks now
                 broken = True
                 self._stop.wait(TROUBLE_PAUSE)
                 continue

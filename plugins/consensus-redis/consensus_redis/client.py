@@ -73,9 +73,12 @@ class RedisClient:
         """The deadline of a call starting now."""
         return time.monotonic() + self.request_timeout
 
-    def command(self, *args: Any, write: bool = False, deadline: float | None = None) -> Any:
-        """Run one command; see the module docstring for what is retried and raised."""
-        deadline = deadline or self.deadline()
+    def command(
+        self, *args: Any, write: bool = False, deadline: float | None = None, retry: bool = True
+    ) -> Any:
+        """Run one command; see the module docstring for what is retried and raised. Without
+        ``retry`` (the heartbeat, a retry loop itself) nothing is tried twice."""
+        deadline = deadline if deadline is not None else self.deadline()
         while True:
             sent = False
             try:
@@ -83,7 +86,9 @@ class RedisClient:
             except (AuthenticationError, AuthorizationError) as exc:
                 raise ConfigurationError(f"redis at {self.address} refused the credentials: {exc}") from None
             except _NETWORK as exc:
-                self._pause_or_raise(deadline, f"cannot reach redis at {self.address}: {exc}")
+                self._pause_or_raise(
+                    deadline if retry else 0.0, f"cannot reach redis at {self.address}: {exc}"
+                )
                 continue
             try:
                 connection.send_command(*args)  # type: ignore[no-untyped-call]
@@ -96,26 +101,35 @@ class RedisClient:
                     raise BackendUnavailableError(
                         f"redis at {self.address} refused {args[0]}: {exc}"
                     ) from None
-                self._pause_or_raise(deadline, f"redis at {self.address} is not ready: {exc}")
+                self._pause_or_raise(
+                    deadline if retry else 0.0, f"redis at {self.address} is not ready: {exc}"
+                )
             except _NETWORK as exc:
                 connection.disconnect()  # type: ignore[no-untyped-call]
                 if sent and (write or isinstance(exc, redis.TimeoutError)):
                     raise OperationTimeoutError(
                         f"redis at {self.address} did not answer {args[0]} ({exc}); its effect is unknown"
                     ) from None
-                self._pause_or_raise(deadline, f"redis at {self.address} did not answer: {exc}")
+                self._pause_or_raise(
+                    deadline if retry else 0.0, f"redis at {self.address} did not answer: {exc}"
+                )
             finally:
                 self.pool.release(connection)
 
     def run(
-        self, script: Script, *args: str | bytes | int, write: bool = True, deadline: float | None = None
+        self,
+        script: Script,
+        *args: str | bytes | int,
+        write: bool = True,
+        deadline: float | None = None,
+        retry: bool = True,
     ) -> list[Any]:
         """Run ``script`` with ``args`` as ARGV; its reply (an array, first element decoded)."""
-        deadline = deadline or self.deadline()
+        deadline = deadline if deadline is not None else self.deadline()
         try:
-            reply = self.command("EVALSHA", script.sha, 0, *args, write=write, deadline=deadline)
+            reply = self.command("EVALSHA", script.sha, 0, *args, write=write, deadline=deadline, retry=retry)
         except NoScriptError:
-            reply = self.command("EVAL", script.source, 0, *args, write=write, deadline=deadline)
+            reply = self.command("EVAL", script.source, 0, *args, write=write, deadline=deadline, retry=retry)
         if not isinstance(reply, list) or not reply:
             raise BackendUnavailableError(f"unexpected reply from a script: {reply!r}")
         return [reply[0].decode(), *reply[1:]]

@@ -126,7 +126,9 @@ class Lease:
         timer.daemon = True
         timer.start()
         try:
-            reply = self._client.run(RENEW, self._prefix, self.session_id, self._ttl_ms, deadline=deadline)
+            reply = self._client.run(
+                RENEW, self._prefix, self.session_id, self._ttl_ms, deadline=deadline, retry=False
+            )
         finally:
             timer.cancel()
         return None if reply[0] == "lost" else float(reply[1]) / 1000
@@ -134,7 +136,7 @@ class Lease:
     def _replace(self) -> None:
         """After a loss: drop what is left of the old session and open a new one."""
         new = uuid.uuid4().hex
-        self._client.run(OPEN, self._prefix, new, self._ttl_ms, self.session_id)
+        self._client.run(OPEN, self._prefix, new, self._ttl_ms, self.session_id, retry=False)
         self.session_id = new
 
     def _report(self, state: SessionState, only_if_connected: bool = False) -> None:
