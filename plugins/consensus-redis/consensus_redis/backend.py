@@ -68,8 +68,6 @@ class RedisBackend(Backend):
         super().__init__(url, options, events)
         if len(url.endpoints) > 1:
             raise ConfigurationError("the redis backend serves one standalone server: give one host:port")
-        if options.security.tls:
-            raise ConfigurationError("the redis backend does not support TLS yet")
         self._layout = Layout.from_path(url.path)
         self._prefix = self._layout.prefix
         self._client = RedisClient(url, options.request_timeout, options.connect_timeout)
