@@ -88,7 +88,7 @@ class RedisBackend(Backend):
         )
         try:
             self._changes.start(deadline)
-            self._lease.open()
+            self._lease.open(deadline)
         except (OperationTimeoutError, BackendUnavailableError) as exc:
             self._changes.stop(self._client.request_timeout)
             self._client.close()

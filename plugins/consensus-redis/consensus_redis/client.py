@@ -94,8 +94,10 @@ class RedisClient:
                 connection.send_command(*args)  # type: ignore[no-untyped-call]
                 sent = True
                 return connection.read_response(timeout=max(deadline - time.monotonic(), 0.01))
-            except (NoScriptError, AuthorizationError):
+            except NoScriptError:
                 raise
+            except (AuthenticationError, AuthorizationError) as exc:  # NOAUTH, NOPERM: refused, not run
+                raise ConfigurationError(f"redis at {self.address} refused {args[0]}: {exc}") from None
             except ResponseError as exc:
                 if not str(exc).startswith(_NOT_RUN):
                     raise BackendUnavailableError(

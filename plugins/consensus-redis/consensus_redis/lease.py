@@ -62,9 +62,9 @@ class Lease:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="consensus-redis-heartbeat", daemon=True)
 
-    def open(self) -> None:
-        """Create the session key and start the heartbeat."""
-        self._client.run(OPEN, self._prefix, self.session_id, self._ttl_ms, "")
+    def open(self, deadline: float) -> None:
+        """Create the session key (retrying until ``deadline``) and start the heartbeat."""
+        self._client.run(OPEN, self._prefix, self.session_id, self._ttl_ms, "", deadline=deadline)
         self._thread.start()
 
     def close(self) -> None:
