@@ -8,8 +8,12 @@ conformance '$CONSENSUS_URL'`); these tests cover what is particular to this bac
 from __future__ import annotations
 
 import importlib.metadata
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -19,7 +23,7 @@ from consensus_api import registry
 from consensus_api.config import BackendURL
 from consensus_api.conformance.helpers import wait_until
 from consensus_api.conformance.profile import profile_for
-from consensus_api.testing import SERVER_NAMES, ServerHandle, start_server
+from consensus_api.testing import SERVER_NAMES, ServerHandle, has_secure_variant, start_server
 from consensus_redis import RedisBackend
 from consensus_redis.layout import Layout
 
@@ -56,13 +60,47 @@ def test_plugin_is_its_own_distribution_found_by_entry_points() -> None:
     assert tooz["consensus+redis"].dist.name == "consensus-redis"
 
 
-def test_bad_urls_fail_before_any_io() -> None:
-    """Two hosts or a TLS option (not supported yet) are a ConfigurationError at connect, before any
-    connection is tried (the ports named are closed)."""
+def test_plugin_launcher_declares_its_secure_variant() -> None:
+    """has_secure_variant asks a plugin's launcher module (SECURE = True); `consensus servers run
+    NAME --secure` refuses a server without one before starting anything."""
+    assert has_secure_variant("redis")
+    assert has_secure_variant("postgresql")
+    assert not has_secure_variant("mariadb")
+    assert not has_secure_variant("sqlite")
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "consensus_api.cli",
+            "servers",
+            "run",
+            "mariadb",
+            "redis",
+            "--secure",
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert "no secure variant of mariadb;" in refused.stderr
+
+
+def test_bad_urls_fail_before_any_io(tmp_path: Path) -> None:
+    """Two hosts, a missing or unusable TLS file are a ConfigurationError at connect, at once (a retry
+    until connect_timeout would show), before any connection is tried (the ports named are closed)."""
+    started = time.monotonic()
     with pytest.raises(ca.ConfigurationError, match="one standalone server"):
-        ca.connect("redis://127.0.0.1:1,127.0.0.1:2/x")
-    with pytest.raises(ca.ConfigurationError, match="unknown option 'tls'"):
-        ca.connect("redis://127.0.0.1:1/x?tls=true")
+        ca.connect("redis://127.0.0.1:1,127.0.0.1:2/x", connect_timeout=5)
+    with pytest.raises(ca.ConfigurationError, match="no such file"):
+        ca.connect(f"redis://127.0.0.1:1/x?tls_ca={tmp_path / 'missing.pem'}", connect_timeout=5)
+    (tmp_path / "garbage.pem").write_text("not a certificate")
+    with pytest.raises(ca.ConfigurationError, match="TLS files"):
+        ca.connect(f"redis://127.0.0.1:1/x?tls_ca={tmp_path / 'garbage.pem'}", connect_timeout=5)
+    assert time.monotonic() - started < 2
 
 
 def test_refused_credentials_are_a_configuration_error_without_the_password(server: ServerHandle) -> None:

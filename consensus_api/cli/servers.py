@@ -20,7 +20,13 @@ from rich.text import Text
 from consensus_api import config
 from consensus_api.cli._common import err_console, expand_env
 from consensus_api.errors import ConfigurationError
-from consensus_api.testing import SECURE_NAMES, STORE_NAMES, require_launchers, start_store
+from consensus_api.testing import (
+    SECURE_NAMES,
+    STORE_NAMES,
+    has_secure_variant,
+    require_launchers,
+    start_store,
+)
 
 CONTROL_ENV = "CONSENSUS_CONTROL"
 _COMMAND_KEY = "consensus.servers.command"
@@ -82,10 +88,13 @@ def run(ctx: click.Context, names: tuple[str, ...], secure: bool) -> None:
         raise click.UsageError("missing COMMAND: consensus servers run NAME... -- COMMAND...")
     if len(set(names)) != len(names):
         raise click.UsageError("each server may be named once")
-    if secure and set(names) - set(SECURE_NAMES):
-        insecure = ", ".join(sorted(set(names) - set(SECURE_NAMES)))
-        raise click.UsageError(f"no secure variant of {insecure}; secure servers: {', '.join(SECURE_NAMES)}")
     require_launchers(names)
+    insecure = sorted(name for name in names if secure and not has_secure_variant(name))
+    if insecure:
+        raise click.UsageError(
+            f"no secure variant of {', '.join(insecure)}; secure servers: {', '.join(SECURE_NAMES)} "
+            "(and plugin launchers that have one)"
+        )
     try:
         with _sigterm_raises(), _started(names, secure) as (urls, controls):
             exports = {f"CONSENSUS_{name.upper()}_URL": url for name, url in urls.items()}

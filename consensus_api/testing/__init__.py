@@ -15,7 +15,9 @@ A third-party distribution adds a launcher through the entry-point group
 ``consensus_api.launchers``: the name is the server's name (``consensus
 servers run NAME``, ``TestProfile.server``), the object a module with the
 built-in launchers' functions ``start(workdir)`` -> ``ServerHandle`` and
-``probe(port)`` -> bool. A built-in name cannot be replaced.
+``probe(port)`` -> bool, and ``SECURE = True`` when ``start(workdir,
+secure=True)`` starts a TLS and password variant. A built-in name cannot be
+replaced.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "STORE_NAMES",
     "DatabaseFile",
     "ServerHandle",
+    "has_secure_variant",
     "probe_for",
     "require_launchers",
     "start_server",
@@ -56,7 +59,8 @@ _PLUGINS = {
 }
 #: The servers a launcher starts as a process: the built-in ones, then the installed plugins'.
 SERVER_NAMES = (*BUILTIN_NAMES, *sorted(_PLUGINS))
-#: The servers with a secure variant (``start_server(name, secure=True)``).
+#: The built-in servers with a secure variant (``start_server(name, secure=True)``; plugins:
+#: ``has_secure_variant``).
 SECURE_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
 #: What ``start_store`` starts: a database file (no process) or one of the servers.
 STORE_NAMES = ("sqlite", *SERVER_NAMES)
@@ -89,6 +93,14 @@ def require_launchers(names: Iterable[str]) -> None:
             _launcher(name)
 
 
+def has_secure_variant(name: str) -> bool:
+    """Whether ``start_server(name, secure=True)`` works: a built-in name of ``SECURE_NAMES``, or a
+    plugin launcher whose module says ``SECURE = True`` (imported to tell)."""
+    if name in _PLUGINS:
+        return getattr(_launcher(name), "SECURE", False) is True
+    return name in SECURE_NAMES
+
+
 def start_server(name: str, workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
     """Start the named server and wait until it is ready; ``secure``: its TLS and password variant.
 
@@ -101,7 +113,7 @@ def start_server(name: str, workdir: Path | None = None, *, secure: bool = False
     server's log, when it cannot start; nothing is left running then.
     """
     launcher = _launcher(name)
-    if secure and name not in SECURE_NAMES:
+    if secure and not has_secure_variant(name):
         raise ValueError(f"no secure variant of {name!r}; secure servers: {', '.join(SECURE_NAMES)}")
     handle: ServerHandle = launcher.start(workdir, secure=True) if secure else launcher.start(workdir)
     return handle

@@ -1,5 +1,10 @@
 """The Redis backend: ``redis://[user:password@]host:6379/prefix`` (a standalone Redis >= 7.0).
 
+Options: ``tls`` (on by itself when a ``tls_*`` file is given), ``tls_ca``,
+``tls_cert``, ``tls_key``, ``tls_key_password``: the server's chain and host
+name are checked. A user and password go to Redis's ``AUTH`` (an ACL user);
+the password is never logged or shown.
+
 Guarantees, on top of the SPI's (``consensus_api.backend``):
 
 * Every write is one Lua script (``consensus_redis.scripts``), atomic on the
@@ -23,11 +28,12 @@ Guarantees, on top of the SPI's (``consensus_api.backend``):
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from consensus_api.backend import Backend, BackendEvents, Target
-from consensus_api.config import BackendURL, Options
+from consensus_api.config import BackendURL, OptionParser, Options, boolean
 from consensus_api.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -64,13 +70,16 @@ NOMINATE, RESIGN, LEADERSHIP = Script(scripts.NOMINATE), Script(scripts.RESIGN),
 class RedisBackend(Backend):
     """One session against a Redis server: a session key, Lua scripts and a change stream."""
 
+    #: ``tls`` enables the common security options (docs/spec.md section 2).
+    options: ClassVar[Mapping[str, OptionParser]] = {"tls": boolean}
+
     def __init__(self, url: BackendURL, options: Options, events: BackendEvents) -> None:
         super().__init__(url, options, events)
         if len(url.endpoints) > 1:
             raise ConfigurationError("the redis backend serves one standalone server: give one host:port")
         self._layout = Layout.from_path(url.path)
         self._prefix = self._layout.prefix
-        self._client = RedisClient(url, options.request_timeout, options.connect_timeout)
+        self._client = RedisClient(url, options)
         self._lease = Lease(self._client, self._prefix, options.session_timeout, self._on_state)
         self._changes = ChangeStream(self._client, self._layout, events.changed, self._lease.check_now)
         self._closed = False
@@ -83,9 +92,7 @@ class RedisBackend(Backend):
 
     def open(self) -> None:
         """Open the session key and start the change stream reader."""
-        deadline = self._client.deadline() + max(
-            0.0, self.settings.connect_timeout - self._client.request_timeout
-        )
+        deadline = time.monotonic() + self.settings.connect_timeout
         try:
             self._changes.start(deadline)
             self._lease.open(deadline)

@@ -13,11 +13,14 @@ The password is handed to redis-py only; no message here names it.
 from __future__ import annotations
 
 import hashlib
+import inspect
+import ssl
 import time
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.connection import AbstractConnection
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
@@ -26,7 +29,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from consensus_api.config import BackendURL
+from consensus_api.config import BackendURL, Endpoint, Options
 from consensus_api.errors import BackendUnavailableError, ConfigurationError, OperationTimeoutError
 from consensus_redis.scripts import PRELUDE
 
@@ -36,6 +39,13 @@ RETRY_PAUSE = 0.05
 #: Replies that say the server did not run the command (it is starting, or busy with a script).
 _NOT_RUN = ("LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN")
 _NETWORK = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: No CLIENT SETINFO round trips on connect: a new connection costs nothing before its first command
+#: (AUTH only with a password). redis-py >= 7 takes ``driver_info=None``, older ones no lib name.
+_NO_SETINFO: dict[str, Any] = (
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(AbstractConnection.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
 
 
 class Script:
@@ -49,20 +59,40 @@ class Script:
 class RedisClient:
     """A connection pool to one Redis server; thread-safe."""
 
-    def __init__(self, url: BackendURL, request_timeout: float, connect_timeout: float) -> None:
-        endpoint = url.endpoints[0] if url.endpoints else None
-        self.address = f"{endpoint.host if endpoint else '127.0.0.1'}:{(endpoint and endpoint.port) or 6379}"
-        self.request_timeout = request_timeout
+    def __init__(self, url: BackendURL, settings: Options) -> None:
+        endpoint = url.endpoints[0] if url.endpoints else Endpoint("127.0.0.1", DEFAULT_PORT)
+        host, port = endpoint.host, endpoint.port or DEFAULT_PORT
+        self.address = f"{host}:{port}"
+        self.request_timeout = settings.request_timeout
+        security = settings.security
+        tls: dict[str, Any] = {}
+        if security.tls:  # chain and host name checked, against tls_ca alone when given
+            try:
+                security.ssl_context()  # unreadable or bad files: refused here, before any I/O
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigurationError(f"cannot use the TLS files for redis: {exc}") from None
+            tls = {
+                "connection_class": redis.SSLConnection,
+                "ssl_ca_certs": security.tls_ca,
+                "ssl_certfile": security.tls_cert,
+                "ssl_keyfile": security.tls_key,
+                "ssl_password": security.tls_key_password,
+                "ssl_cert_reqs": "required",
+                "ssl_check_hostname": True,
+                "ssl_min_version": ssl.TLSVersion.TLSv1_2,
+            }
         self.pool = redis.ConnectionPool(
-            host=endpoint.host if endpoint else "127.0.0.1",
-            port=(endpoint and endpoint.port) or DEFAULT_PORT,
-            username=url.username,
-            password=url.password,
-            socket_timeout=request_timeout,
-            socket_connect_timeout=min(request_timeout, connect_timeout),
+            host=host,
+            port=port,
+            username=security.username,
+            password=security.password,
+            socket_timeout=settings.request_timeout,
+            socket_connect_timeout=min(settings.request_timeout, settings.connect_timeout),
             retry=Retry(NoBackoff(), 0),
             health_check_interval=0,
             protocol=2,  # the replies' shapes below are RESP2's
+            **_NO_SETINFO,
+            **tls,
         )
 
     def close(self) -> None:
@@ -84,8 +114,14 @@ class RedisClient:
             try:
                 connection = self.pool.get_connection()
             except (AuthenticationError, AuthorizationError) as exc:
-                raise ConfigurationError(f"redis at {self.address} refused the credentials: {exc}") from None
+                raise ConfigurationError(
+                    f"authentication refused by redis at {self.address}: {exc}"
+                ) from None
             except _NETWORK as exc:
+                if _tls_refused(exc):
+                    raise ConfigurationError(
+                        f"TLS with redis at {self.address} failed (certificate or handshake): {exc}"
+                    ) from None
                 self._pause_or_raise(
                     deadline if retry else 0.0, f"cannot reach redis at {self.address}: {exc}"
                 )
@@ -99,6 +135,8 @@ class RedisClient:
             except (AuthenticationError, AuthorizationError) as exc:  # NOAUTH, NOPERM: refused, not run
                 raise ConfigurationError(f"redis at {self.address} refused {args[0]}: {exc}") from None
             except ResponseError as exc:
+                if "NOPERM" in str(exc):  # the ACL user may not run this command or touch these keys
+                    raise ConfigurationError(f"redis at {self.address} refused access: {exc}") from None
                 if not str(exc).startswith(_NOT_RUN):
                     raise BackendUnavailableError(
                         f"redis at {self.address} refused {args[0]}: {exc}"
@@ -140,3 +178,9 @@ class RedisClient:
         if time.monotonic() + RETRY_PAUSE >= deadline:
             raise BackendUnavailableError(reason)
         time.sleep(RETRY_PAUSE)
+
+
+def _tls_refused(exc: BaseException) -> bool:
+    """A connection failed in its TLS handshake (a certificate refused either way): never retried."""
+    cause = exc.__cause__ or exc.__context__
+    return isinstance(cause, ssl.SSLError) or "SSL" in str(exc) or "certificate" in str(exc)

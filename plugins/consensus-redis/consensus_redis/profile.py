@@ -54,8 +54,5 @@ REDIS = TestProfile(
     detection_delay=_detection_delay,
     expire_session=_expire,
     unreachable_url=moved_to_free_port,
-    not_applicable={
-        "database_file": "a database-file fault (SQLite only)",
-        "secured_server": "the redis launcher has no TLS and password variant yet",
-    },
+    not_applicable={"database_file": "a database-file fault (SQLite only)"},
 )
