@@ -63,8 +63,11 @@ class Lease:
         self._thread = threading.Thread(target=self._beat, name="consensus-redis-heartbeat", daemon=True)
 
     def open(self, deadline: float) -> None:
-        """Create the session key (retrying until ``deadline``) and start the heartbeat."""
-        self._client.run(OPEN, self._prefix, self.session_id, self._ttl_ms, "", deadline=deadline)
+        """Create the session key (retrying until ``deadline``: sending it twice only sets the new key
+        twice) and start the heartbeat."""
+        self._client.run(
+            OPEN, self._prefix, self.session_id, self._ttl_ms, "", write=False, deadline=deadline
+        )
         self._thread.start()
 
     def close(self) -> None:
