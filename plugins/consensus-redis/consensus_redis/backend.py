@@ -219,8 +219,13 @@ class RedisBackend(Backend):
         return profile.REDIS
 
     def fault_identity(self) -> dict[str, object]:
-        """The session: ``{"prefix": ..., "session_id": ...}`` (tests only)."""
-        return {"prefix": self._prefix, "session_id": self._lease.session_id}
+        """The session: ``{"prefix": ..., "session_id": ...}``, and with TLS the file options ``tls_ca``,
+        ``tls_cert``, ``tls_key`` (paths) to reach it (tests only)."""
+        identity: dict[str, object] = {"prefix": self._prefix, "session_id": self._lease.session_id}
+        security = self.settings.security
+        if security.tls:
+            identity["tls"] = {name: getattr(security, name) for name in ("tls_ca", "tls_cert", "tls_key")}
+        return identity
 
     # Helpers
 

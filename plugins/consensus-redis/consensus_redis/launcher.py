@@ -12,8 +12,10 @@ The secure variant (``start(secure=True)``) serves clients only on a TLS port
 ``consensus_api.testing.certificates``) and its URL names the ACL user
 ``consensus``, who may use keys under the prefix ``/consensus`` only (no
 ``@dangerous`` command but ``INFO``); the config file holds the SHA-256 of the
-password, not the password. The default user may only ``PING``, on a plain
-port kept for the readiness probe.
+password, not the password. The default user needs a password nobody is
+given (it must keep every permission: Redis 7.0 replays scripts' effects from
+the append-only file as that user); a plain port is kept for the readiness
+probe.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def _binary() -> str:
 
 
 def probe(port: int) -> bool:
-    """``PING`` answers ``+PONG`` only once the data set is loaded (``-LOADING`` before)."""
-    return tcp_request(port, b"PING\r\nQUIT\r\n").startswith(b"+PONG")
+    """``PING`` answers ``+PONG`` only once the data set is loaded (``-LOADING`` before); the secure
+    variant answers ``-NOAUTH`` (even while loading: clients retry ``LOADING`` replies)."""
+    return tcp_request(port, b"PING\r\nQUIT\r\n").startswith((b"+PONG", b"-NOAUTH"))
 
 
 def _tls_config(directory: Path, tls_port: int) -> tuple[str, str]:
@@ -60,7 +63,10 @@ def _tls_config(directory: Path, tls_port: int) -> tuple[str, str]:
         f"tls-port {tls_port}\n"
         f"tls-cert-file {certs / 'server.pem'}\ntls-key-file {certs / 'server.key'}\n"
         f"tls-ca-cert-file {certs / 'ca.pem'}\ntls-auth-clients yes\n"
-        "user default on nopass resetkeys resetchannels -@all +ping\n"
+        # Redis 7.0 checks the MULTI/EXEC that replays a script's effects from the append-only file
+        # against the default user's rules: restricting that user drops those writes at a restart.
+        # So the default user keeps every permission, behind a password nobody is given.
+        f"user default on #{hashlib.sha256(secrets.token_bytes(32)).hexdigest()} ~* &* +@all\n"
         f"user {SECURE_USER} on #{digest} resetkeys ~{SECURE_PREFIX}* resetchannels +@all -@dangerous +info\n"
     )
     query = urlencode(

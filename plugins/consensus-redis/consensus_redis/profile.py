@@ -27,10 +27,21 @@ def _detection_delay(session_timeout: float) -> float:
 
 
 def _expire(url: BackendURL, identity: Mapping[str, Any], timeout: float) -> None:
-    """Delete the session key (and mark its lease due) with a client of our own."""
+    """Delete the session key (and mark its lease due) with a client of our own, as the session's user
+    and over its TLS (``identity``)."""
     layout = Layout(str(identity["prefix"]))
     session_id = str(identity["session_id"])
     endpoint = url.endpoints[0]
+    files: Mapping[str, str | None] | None = identity.get("tls")
+    tls: dict[str, Any] = {}
+    if files is not None:  # the session's own TLS files and checks
+        tls = {
+            "ssl": True,
+            "ssl_ca_certs": files["tls_ca"],
+            "ssl_certfile": files["tls_cert"],
+            "ssl_keyfile": files["tls_key"],
+            "ssl_check_hostname": True,
+        }
     client = redis.Redis(
         host=endpoint.host,
         port=endpoint.port or DEFAULT_PORT,
@@ -38,6 +49,7 @@ def _expire(url: BackendURL, identity: Mapping[str, Any], timeout: float) -> Non
         password=url.password,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
+        **tls,
     )
     try:
         with client.pipeline(transaction=True) as pipe:
