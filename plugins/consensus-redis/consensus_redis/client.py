@@ -181,6 +181,12 @@ class RedisClient:
 
 
 def _tls_refused(exc: BaseException) -> bool:
-    """A connection failed in its TLS handshake (a certificate refused either way): never retried."""
+    """A TLS handshake refused a certificate, either way (never retried); a handshake cut short by a
+    dying server is not that (retried)."""
     cause = exc.__cause__ or exc.__context__
-    return isinstance(cause, ssl.SSLError) or "SSL" in str(exc) or "certificate" in str(exc)
+    text = str(exc)
+    return (
+        isinstance(cause, ssl.SSLCertVerificationError)
+        or "CERTIFICATE_VERIFY_FAILED" in text
+        or ("alert" in text and "certificate" in text)
+    )
