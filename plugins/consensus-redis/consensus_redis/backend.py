@@ -111,9 +111,10 @@ class RedisBackend(Backend):
             if self._closed:
                 return
             self._closed = True
+        self._lease.close()  # first: the others see the members go at once
+        self._changes.halt()
+        self._client.close()  # ends the reader's blocked XREAD too
         self._changes.stop(self._client.request_timeout)
-        self._lease.close()
-        self._client.close()
 
     # Storage
 

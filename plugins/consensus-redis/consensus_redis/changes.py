@@ -62,8 +62,12 @@ class ChangeStream:
         self._last = _seq(newest[0][0]) if newest else 0
         self._thread.start()
 
+    def halt(self) -> None:
+        """Stop reading after the current read (closing the pool ends a blocked one at once)."""
+        self._stop.set()
+
     def stop(self, timeout: float) -> None:
-        """Stop reading (within one block, bounded by ``timeout``)."""
+        """Stop reading and wait for the reader (within one block, bounded by ``timeout``)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout)

@@ -64,6 +64,7 @@ class RedisClient:
         host, port = endpoint.host, endpoint.port or DEFAULT_PORT
         self.address = f"{host}:{port}"
         self.request_timeout = settings.request_timeout
+        self.closed = False
         security = settings.security
         tls: dict[str, Any] = {}
         if security.tls:  # chain and host name checked, against tls_ca alone when given
@@ -96,7 +97,9 @@ class RedisClient:
         )
 
     def close(self) -> None:
-        """Close every connection of the pool."""
+        """Close every connection of the pool, also those in use: their calls raise
+        ``BackendUnavailableError``."""
+        self.closed = True
         self.pool.disconnect()
 
     def deadline(self) -> float:
@@ -110,6 +113,8 @@ class RedisClient:
         ``retry`` (the heartbeat, a retry loop itself) nothing is tried twice."""
         deadline = deadline if deadline is not None else self.deadline()
         while True:
+            if self.closed:  # never reconnect a closed client
+                raise BackendUnavailableError(f"the client of redis at {self.address} is closed")
             sent = False
             try:
                 connection = self.pool.get_connection()
@@ -153,6 +158,10 @@ class RedisClient:
                 self._pause_or_raise(
                     deadline if retry else 0.0, f"redis at {self.address} did not answer: {exc}"
                 )
+            except (ValueError, AttributeError):  # redis-py, on a socket ``close`` closed under it
+                if not self.closed:
+                    raise
+                raise BackendUnavailableError(f"the client of redis at {self.address} is closed") from None
             finally:
                 self.pool.release(connection)
 
