@@ -8,6 +8,8 @@ conformance '$CONSENSUS_URL'`); these tests cover what is particular to this bac
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import re
 import subprocess
 import sys
 import time
@@ -159,3 +161,17 @@ def test_session_key_has_the_server_side_ttl(server: ServerHandle, raw: redis.Re
         assert 0 < raw.pttl(key) <= 2000
         wait_until(lambda: raw.pttl(key) > 1900, 5, what="a renewal")
     assert raw.exists(key) == 0  # close drops it at once
+
+
+def test_ping_reports_the_server_version(server: ServerHandle) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "consensus_api.cli", "ping", server.url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["backend"] == "redis"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", report["server_version"] or ""), report
