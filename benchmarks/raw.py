@@ -13,7 +13,8 @@ error mapping, retries):
 * etcd (pyetcd): fetch = a linearizable range; put / update / fenced update =
   one ``Txn`` with the same compares; keys = a keys-only prefix range.
 
-SQL and Kafka live in ``benchmarks.raw_sql`` and ``benchmarks.raw_kafka``.
+SQL, Kafka and Redis live in ``benchmarks.raw_sql``, ``benchmarks.raw_kafka`` and
+``benchmarks.raw_redis``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ def open_raw(url: str, run: str) -> RawOps:
         from benchmarks.raw_kafka import RawKafka  # noqa: PLC0415
 
         return RawKafka(parsed, run)
+    if scheme == "redis":
+        from benchmarks.raw_redis import RawRedis  # noqa: PLC0415 - the consensus-redis plugin
+
+        return RawRedis(parsed, run)
     from benchmarks.raw_sql import RawSQL  # noqa: PLC0415
 
     return RawSQL(parsed, run)

@@ -5,6 +5,9 @@
 * etcd: pyetcd ``put`` → pyetcd ``add_watch_callback`` (the value comes in the event).
 * PostgreSQL: an ``UPDATE`` and ``pg_notify`` in one transaction (SQLAlchemy
   Core) → a psycopg connection's ``LISTEN`` (the payload is the value).
+* Redis: the backend's ``UPDATE`` script (it appends to the change stream)
+  through redis-py → another client's ``XREAD BLOCK`` on the stream, then an
+  ``HMGET`` of the value (as the backend re-reads).
 
 SQLite and Kafka have no raw watch to compare with.
 """
@@ -42,6 +45,8 @@ def open_raw_watch(url: str, run: str, seen: Seen) -> RawWatch | None:
         return EtcdWatch(parsed, run, seen)
     if parsed.scheme.startswith("postgresql"):
         return PostgresNotify(parsed, run, seen)
+    if parsed.scheme == "redis":
+        return RedisStream(parsed, run, seen)
     return None
 
 
@@ -158,3 +163,42 @@ class PostgresNotify:
         with self.engine.begin() as conn:
             self.table.drop(conn)
         self.engine.dispose()
+
+
+class RedisStream:
+    """The backend's ``UPDATE`` script through redis-py, ``XREAD BLOCK`` and ``HMGET`` on another client."""
+
+    name = "XREAD BLOCK (redis-py)"
+
+    def __init__(self, url: config.BackendURL, run: str, seen: Seen) -> None:
+        from benchmarks.raw_redis import RawRedis  # noqa: PLC0415 - the consensus-redis plugin
+
+        self.writer = RawRedis(url, run)
+        self.reader = RawRedis(url, run)
+        self.writer.put("watched", b"")
+        stream = self.reader.layout.key("changes")
+        self.stopping = threading.Event()
+
+        client: Any = self.reader.client
+        newest = client.xrevrange(stream, count=1)
+
+        def listen() -> None:
+            last = newest[0][0] if newest else b"0-0"
+            while not self.stopping.is_set():
+                for _, entries in client.xread({stream: last}, block=250) or ():
+                    last = entries[-1][0]
+                    value, _version = client.hmget(self.reader.layout.key("kv", "watched"), "v", "n")
+                    if value:
+                        seen(bytes(value))
+
+        self.thread = threading.Thread(target=listen, name="rawbench-xread", daemon=True)
+        self.thread.start()
+
+    def write(self, value: bytes) -> None:
+        self.writer.script["UPDATE"](args=[self.writer.prefix, "", "", "", "watched", value, ""])
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join(5)
+        self.writer.close()
+        self.reader.close()

@@ -3,9 +3,10 @@
 tooz runs watchers only inside ``run_watchers()``; as an application must,
 :class:`Pump` calls it every ``PUMP_INTERVAL`` (10 ms) on a thread of its
 own. What tooz can do per backend (docs/performance.md, notes/anchors.md):
-membership on ZooKeeper (``zookeeper://``) and etcd (``etcd3+http://``, via
-etcd3gw); election only on ZooKeeper (a kazoo ``Lock``); nothing of either on
-PostgreSQL (its driver is lock-only), SQLite or Kafka.
+membership on ZooKeeper (``zookeeper://``), etcd (``etcd3+http://``, via
+etcd3gw) and Redis (tooz's ``redis://`` driver); election only on ZooKeeper
+(a kazoo ``Lock``); nothing of either on PostgreSQL (its driver is
+lock-only), SQLite or Kafka.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ MISSING = {
     ("election", "postgresql"): "tooz cannot elect a leader on PostgreSQL (its driver is lock-only)",
     ("election", "sqlite"): "tooz has no SQLite driver",
     ("election", "kafka"): "tooz has no Kafka driver",
+    ("election", "redis"): "tooz's Redis driver has no get_leader or stand-down, so no failover to time",
 }
 
 
@@ -46,6 +48,8 @@ def tooz_url(url: str, feature: str, timeout: float = 10.0) -> str | None:
     seconds = max(1, round(timeout))
     if scheme == "zookeeper":
         return f"zookeeper://{first.host}:{first.port or 2181}?timeout={seconds}"
+    if scheme == "redis":  # tooz's own Redis driver: member hash and beat keys with a TTL
+        return f"redis://{first.host}:{first.port or 6379}?timeout={seconds}&membership_timeout={seconds}"
     return f"etcd3+http://{first.host}:{first.port or 2379}?timeout={seconds}&membership_timeout={seconds}"
 
 

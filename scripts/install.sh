@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what consensus_api.testing needs to run real servers: Debian's
-# ZooKeeper, PostgreSQL and MariaDB, a Java 17+ runtime, Maven, etcd and etcdctl
-# built with Go from the Go module proxy, and the Kafka broker jars from Maven
-# Central (both into a cache dir). Idempotent: when everything is there it only
-# checks and exits. Does not touch the Python venv.
+# ZooKeeper, PostgreSQL, MariaDB and Redis (the consensus-redis plugin's
+# launcher), a Java 17+ runtime, Maven, etcd and etcdctl built with Go from the
+# Go module proxy, and the Kafka broker jars from Maven Central (both into a
+# cache dir). Idempotent: when everything is there it only checks and exits.
+# Does not touch the Python venv.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,6 +31,7 @@ pg_installed || missing+=(postgresql)
 command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
 [ "$(java_major)" -ge 17 ] || missing+=(java)
 command -v mvn >/dev/null || missing+=(maven)
+command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
 
 if [ ${#missing[@]} -gt 0 ]; then
     [ "$(id -u)" -eq 0 ] || { say "missing ${missing[*]}; run this script as root"; exit 1; }
@@ -51,7 +53,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     say "apt-get install ${pkgs[*]}"
     apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 fi
-say "debian packages ok (zookeeper, postgresql, mariadb, java $(java_major), maven)"
+say "debian packages ok (zookeeper, postgresql, mariadb, redis, java $(java_major), maven)"
 
 # ---- etcd and etcdctl, built from the Go module proxy -------------------------
 # `go install go.etcd.io/etcd/server/v3@v…` is refused (replace directives in its go.mod),

@@ -2,7 +2,8 @@
 # Set-up and the whole test suite with every real server:
 #   1. lint and types;
 #   2. the conformance suite (every section, faults included) on SQLite,
-#      PostgreSQL, MariaDB, ZooKeeper, etcd and Kafka: one process per backend, each
+#      PostgreSQL, MariaDB, ZooKeeper, etcd, Kafka and Redis (the consensus-redis
+#      plugin, installed from plugins/): one process per backend, each
 #      with its own real server, in parallel; then the `security` section and
 #      the storage, session and errors sections on the secured servers
 #      (entries NAME:secure, `consensus servers run NAME --secure`), and the
@@ -21,7 +22,7 @@ bash scripts/install.sh || exit 2
 bash scripts/venv.sh || exit 2
 export PATH="$ROOT/.venv/bin:$PATH"
 out=$(mktemp -d "${TMPDIR:-/tmp}/consensus-test.XXXXXX")
-backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka postgresql:secure zookeeper:secure etcd:secure kafka:secure zookeeper:cluster}
+backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka redis postgresql:secure zookeeper:secure etcd:secure kafka:secure redis:secure zookeeper:cluster}
 # On secured servers: the security section plus the contract's core over TLS with auth (the whole suite
 # passes there too; `consensus servers run NAME --secure -- consensus conformance '$CONSENSUS_URL'`).
 secure_select=${CONSENSUS_SECURE_SELECT:-test_security or test_storage or test_session or test_errors}
@@ -54,7 +55,7 @@ conform() {  # one conformance run in the background: a plain entry NAME, NAME:s
 }
 second=$(for b in $backends; do [ "${b%%:*}" = "$b" ] || printf '%s ' "$b"; done)   # secured, clusters
 
-# two waves, so that the fault tests' timing runs beside at most six suites on two cores
+# two waves, so that the fault tests' timing runs beside at most seven suites on two cores
 phase "conformance on: $plain (parallel)"
 for entry in $plain; do conform "$entry"; done
 wait

@@ -24,6 +24,7 @@ from consensus_api.testing import (
     CLUSTER_NAMES,
     SECURE_NAMES,
     STORE_NAMES,
+    has_secure_variant,
     require_launchers,
     start_cluster,
     start_store,
@@ -101,9 +102,13 @@ def run(ctx: click.Context, names: tuple[str, ...], secure: bool, nodes: int) ->
         raise click.UsageError("missing COMMAND: consensus servers run NAME... -- COMMAND...")
     if len(set(names)) != len(names):
         raise click.UsageError("each server may be named once")
-    if secure and set(names) - set(SECURE_NAMES):
-        insecure = ", ".join(sorted(set(names) - set(SECURE_NAMES)))
-        raise click.UsageError(f"no secure variant of {insecure}; secure servers: {', '.join(SECURE_NAMES)}")
+    require_launchers(names)
+    insecure = sorted(name for name in names if secure and not has_secure_variant(name))
+    if insecure:
+        raise click.UsageError(
+            f"no secure variant of {', '.join(insecure)}; secure servers: {', '.join(SECURE_NAMES)} "
+            "(and plugin launchers that have one)"
+        )
     if nodes > 1:
         if len(names) != 1 or names[0] not in CLUSTER_NAMES or secure:
             raise click.UsageError(
@@ -111,7 +116,6 @@ def run(ctx: click.Context, names: tuple[str, ...], secure: bool, nodes: int) ->
             )
         if nodes < 3 or nodes % 2 == 0:
             raise click.UsageError(f"--nodes must be odd and at least 3, got {nodes}")
-    require_launchers(names)
     try:
         with _sigterm_raises(), _started(names, secure, nodes) as (urls, controls):
             exports = {f"CONSENSUS_{name.upper()}_URL": url for name, url in urls.items()}

@@ -12,12 +12,21 @@ control file ``consensus servers run`` writes (``$CONSENSUS_CONTROL``).
 The launchers need the ``testing`` extra (mirakuru, psutil, trustme, cryptography) and are
 imported only when a server starts: a missing one is a ``ConfigurationError``
 naming the extra. Run ``scripts/install.sh`` first on a new machine.
+
+A third-party distribution adds a launcher through the entry-point group
+``consensus_api.launchers``: the name is the server's name (``consensus
+servers run NAME``, ``TestProfile.server``), the object a module with the
+built-in launchers' functions ``start(workdir)`` -> ``ServerHandle`` and
+``probe(port)`` -> bool, and ``SECURE = True`` when ``start(workdir,
+secure=True)`` starts a TLS and password variant. A built-in name cannot be
+replaced.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +45,7 @@ __all__ = [
     "DatabaseFile",
     "ServerHandle",
     "launcher_of",
+    "has_secure_variant",
     "probe_for",
     "require_launchers",
     "start_cluster",
@@ -43,9 +53,20 @@ __all__ = [
     "start_store",
 ]
 
-#: The servers a launcher starts as a process.
-SERVER_NAMES = ("postgresql", "mariadb", "zookeeper", "etcd", "kafka")
-#: The servers with a secure variant (``start_server(name, secure=True)``).
+#: The entry-point group of launchers from other distributions.
+LAUNCHER_GROUP = "consensus_api.launchers"
+#: The servers the built-in launchers start (``consensus_api.testing.<name>``).
+BUILTIN_NAMES = ("postgresql", "mariadb", "zookeeper", "etcd", "kafka")
+#: Launchers installed by other distributions, by server name (built-in names and ``sqlite`` excluded).
+_PLUGINS = {
+    ep.name: ep
+    for ep in entry_points(group=LAUNCHER_GROUP)
+    if ep.name not in BUILTIN_NAMES and ep.name != "sqlite"
+}
+#: The servers a launcher starts as a process: the built-in ones, then the installed plugins'.
+SERVER_NAMES = (*BUILTIN_NAMES, *sorted(_PLUGINS))
+#: The built-in servers with a secure variant (``start_server(name, secure=True)``; plugins:
+#: ``has_secure_variant``).
 SECURE_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
 #: The servers whose launcher also starts a replicated cluster (``start_cluster``).
 CLUSTER_NAMES = ("zookeeper",)
@@ -65,12 +86,16 @@ def _launcher(name: str) -> Any:
     """The launcher module of the server ``name``; ValueError for unknown names."""
     if name not in SERVER_NAMES:
         raise ValueError(f"unknown server {name!r}; expected one of {SERVER_NAMES}")
+    plugin = _PLUGINS.get(name)
     try:
+        if plugin is not None:
+            return plugin.load()
         return importlib.import_module(f"consensus_api.testing.{name}")
     except ImportError as exc:
+        dist = plugin.dist.name if plugin is not None and plugin.dist is not None else "consensus-api"
         raise ConfigurationError(
             f"starting {name} needs a package that is not installed ({exc.name or exc}): "
-            f"pip install 'consensus-api[{EXTRA}]'"
+            f"pip install '{dist}' 'consensus-api[{EXTRA}]'"
         ) from None
 
 
@@ -80,6 +105,14 @@ def require_launchers(names: Iterable[str]) -> None:
     for name in names:
         if name != "sqlite":
             _launcher(name)
+
+
+def has_secure_variant(name: str) -> bool:
+    """Whether ``start_server(name, secure=True)`` works: a built-in name of ``SECURE_NAMES``, or a
+    plugin launcher whose module says ``SECURE = True`` (imported to tell)."""
+    if name in _PLUGINS:
+        return getattr(_launcher(name), "SECURE", False) is True
+    return name in SECURE_NAMES
 
 
 def start_server(name: str, workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
@@ -94,7 +127,7 @@ def start_server(name: str, workdir: Path | None = None, *, secure: bool = False
     server's log, when it cannot start; nothing is left running then.
     """
     launcher = _launcher(name)
-    if secure and name not in SECURE_NAMES:
+    if secure and not has_secure_variant(name):
         raise ValueError(f"no secure variant of {name!r}; secure servers: {', '.join(SECURE_NAMES)}")
     handle: ServerHandle = launcher.start(workdir, secure=True) if secure else launcher.start(workdir)
     return handle
