@@ -21,7 +21,7 @@ bash scripts/install.sh || exit 2
 bash scripts/venv.sh || exit 2
 export PATH="$ROOT/.venv/bin:$PATH"
 out=$(mktemp -d "${TMPDIR:-/tmp}/consensus-test.XXXXXX")
-backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka postgresql:secure zookeeper:secure etcd:secure kafka:secure zookeeper:cluster}
+backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka postgresql:secure zookeeper:secure etcd:secure kafka:secure zookeeper:cluster etcd:cluster}
 # On secured servers: the security section plus the contract's core over TLS with auth (the whole suite
 # passes there too; `consensus servers run NAME --secure -- consensus conformance '$CONSENSUS_URL'`).
 secure_select=${CONSENSUS_SECURE_SELECT:-test_security or test_storage or test_session or test_errors}
@@ -46,7 +46,7 @@ conform() {  # one conformance run in the background: a plain entry NAME, NAME:s
     local run=(consensus servers run "$b" --)
     case ${entry#"$b"} in
         :secure) run=(consensus servers run "$b" --secure --); select=$secure_select ;;
-        :cluster) run=(consensus servers run "$b" --nodes 3 --) ;;   # 3 nodes, 128 MiB heap each
+        :cluster) run=(consensus servers run "$b" --nodes 3 --) ;;   # 3 nodes (ZooKeeper: 128 MiB heap each)
     esac
     # the faults section's measured timings go to $out/<entry>-timings.json (docs/guarantees.md)
     CONSENSUS_TIMINGS="$out/$entry-timings.json" "${run[@]}" consensus conformance '$CONSENSUS_URL' --json \
