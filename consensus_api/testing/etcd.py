@@ -76,8 +76,23 @@ def probe(port: int) -> bool:
 
 def status(port: int) -> NodeStatus | None:
     """The role of the member whose clients use ``port`` (leader; follower while it knows a leader;
-    else ``candidate``) and its raft term, from the Maintenance Status call; None when it does not
-    answer within 0.5 s."""
+    else ``candidate``) and its raft term; None when it does not answer within 0.5 s.
+
+    The Maintenance Status call's term is that of the member's last *applied* entry, which lags
+    behind a new leader's term until it applies its first entry: a leader is reported only after a
+    linearizable read through it succeeded (which needs that entry applied) and a second status
+    still names it, with the term of that second status."""
+    first = _status(port)
+    if first is None or first[0] != LEADER:
+        return None if first is None else NodeStatus(*first)
+    if not probe(port):
+        return NodeStatus("candidate", None)
+    second = _status(port)
+    return None if second is None else NodeStatus(*second)
+
+
+def _status(port: int) -> tuple[str, int] | None:
+    """(role, applied term) from the Maintenance Status call, or None."""
     request = urllib.request.Request(
         f"http://{HOST}:{port}/v3/maintenance/status",
         data=b"{}",
@@ -90,8 +105,7 @@ def status(port: int) -> NodeStatus | None:
         term = int(answer["raftTerm"])
     except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
         return None
-    role = LEADER if leader == member else FOLLOWER if leader else "candidate"
-    return NodeStatus(role, term)
+    return (LEADER if leader == member else FOLLOWER if leader else "candidate"), term
 
 
 def serves_session(port: int, identity: Mapping[str, Any]) -> bool:
