@@ -22,7 +22,7 @@ bash scripts/install.sh || exit 2
 bash scripts/venv.sh || exit 2
 export PATH="$ROOT/.venv/bin:$PATH"
 out=$(mktemp -d "${TMPDIR:-/tmp}/consensus-test.XXXXXX")
-backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka redis postgresql:secure zookeeper:secure etcd:secure kafka:secure redis:secure zookeeper:cluster}
+backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka redis postgresql:secure zookeeper:secure etcd:secure kafka:secure redis:secure zookeeper:cluster etcd:cluster}
 # On secured servers: the security section plus the contract's core over TLS with auth (the whole suite
 # passes there too; `consensus servers run NAME --secure -- consensus conformance '$CONSENSUS_URL'`).
 secure_select=${CONSENSUS_SECURE_SELECT:-test_security or test_storage or test_session or test_errors}
@@ -47,20 +47,23 @@ conform() {  # one conformance run in the background: a plain entry NAME, NAME:s
     local run=(consensus servers run "$b" --)
     case ${entry#"$b"} in
         :secure) run=(consensus servers run "$b" --secure --); select=$secure_select ;;
-        :cluster) run=(consensus servers run "$b" --nodes 3 --) ;;   # 3 nodes, 128 MiB heap each
+        :cluster) run=(consensus servers run "$b" --nodes 3 --) ;;   # 3 nodes (ZooKeeper: 128 MiB heap each)
     esac
     # the faults section's measured timings go to $out/<entry>-timings.json (docs/guarantees.md)
     CONSENSUS_TIMINGS="$out/$entry-timings.json" "${run[@]}" consensus conformance '$CONSENSUS_URL' --json \
         -k "$select" >"$out/$entry.json" 2>"$out/$entry.log" &
 }
-second=$(for b in $backends; do [ "${b%%:*}" = "$b" ] || printf '%s ' "$b"; done)   # secured, clusters
+secured=$(for b in $backends; do [ "${b%:secure}" = "$b" ] || printf '%s ' "$b"; done)
 
-# two waves, so that the fault tests' timing runs beside at most seven suites on two cores
+# three waves, so that the fault tests' timing runs beside at most seven suites on two cores
 phase "conformance on: $plain (parallel)"
 for entry in $plain; do conform "$entry"; done
 wait
-phase "conformance on: ${second:-no secured server or cluster} (parallel)"
-for entry in $second; do conform "$entry"; done
+phase "conformance on: ${secured:-no secured server} (parallel)"
+for entry in $secured; do conform "$entry"; done
+wait
+phase "conformance on: ${clusters:-no cluster} (parallel)"
+for entry in $clusters; do conform "$entry"; done
 wait
 
 phase "own tests"

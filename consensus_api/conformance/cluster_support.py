@@ -22,12 +22,13 @@ from consensus_api.conformance.faults_support import (
     Record,
     Subject,
     loss_bound,
+    not_connected,
     recovered,
     timed_call,
 )
 from consensus_api.conformance.helpers import unique, wait_until
 from consensus_api.errors import FencedError
-from consensus_api.model import LeaderChanged, Leadership
+from consensus_api.model import LeaderChanged, Leadership, SessionState
 from consensus_api.session import Session
 
 if TYPE_CHECKING:
@@ -141,6 +142,24 @@ def serving_node(cluster: ClusterHandle, session: Session) -> int:
     """The node holding ``session``'s client connection (waits up to 10 s for one)."""
     identity = session._backend.fault_identity()  # the SPI's test-only hook
     return wait_until(lambda: cluster.serving(identity), 10, what="the node serving the session")
+
+
+def wait_moved(cluster: ClusterHandle, subject: Subject, node: int, mark: int) -> None:
+    """Wait (at most ``CLUSTER_SESSION_TIMEOUT`` each) until the session reported trouble since the
+    state event ``mark`` or another node than ``node`` serves it, then, if it reported anything,
+    until it is CONNECTED again. A session bound to its connection (ZooKeeper's) is SUSPENDED while
+    it moves; an etcd session (a lease) moves between members without trouble."""
+    backend = subject.session._backend  # fault_identity: the SPI's test-only hook
+    wait_until(
+        lambda: (
+            any(map(not_connected, subject.states.events[mark:]))
+            or cluster.serving(backend.fault_identity()) not in (None, node)
+        ),
+        CLUSTER_SESSION_TIMEOUT,
+        what="SUSPENDED, or the session served by another node",
+    )
+    if subject.states.events[mark:]:
+        subject.states.wait_last(lambda state: state is SessionState.CONNECTED, CLUSTER_SESSION_TIMEOUT)
 
 
 def first_write_after(prober: Prober, since: float) -> float | None:

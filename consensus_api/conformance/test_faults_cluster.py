@@ -20,21 +20,21 @@ from typing import TYPE_CHECKING
 import pytest
 
 import consensus_api
-from consensus_api import ConsensusError, SessionState, Versioned
+from consensus_api import ConsensusError, Versioned
 from consensus_api.conformance.cluster_support import (
     CLUSTER_OPTIONS,
-    CLUSTER_SESSION_TIMEOUT,
     ELECTION_BOUND,
     ServerLeaders,
     StaleFence,
+    serving_node,
     settled,
+    wait_moved,
     wait_write_after,
 )
 from consensus_api.conformance.faults_support import (
     CALL_LIMIT,
     Record,
     Subject,
-    not_connected,
     timed_call,
 )
 from consensus_api.conformance.helpers import SessionFactory, wait_until
@@ -114,20 +114,19 @@ def test_client_node_killed_session_fails_over(
     consensus_record: Record,
 ) -> None:
     """The node the session's client is connected to is SIGKILLed: the client moves to another node
-    of the URL within session_timeout and keeps its session (SUSPENDED, then CONNECTED, never LOST:
-    same member, same leadership term), and the common checks hold; the node is restarted after."""
+    of the URL within session_timeout and keeps its session (never LOST: same member, same
+    leadership term; ``cluster_support.wait_moved``), and the common checks hold; the node is
+    restarted after."""
     subject = Subject(consensus_open_session(**CLUSTER_OPTIONS), consensus_ns)
     fence = StaleFence.taken(subject.session, consensus_ns)
-    identity = subject.session._backend.fault_identity()  # the SPI's test-only hook
-    node = wait_until(lambda: consensus_cluster.serving(identity), 10, what="the node serving the session")
+    node = serving_node(consensus_cluster, subject.session)
     mark = len(subject.states)
     with ServerLeaders(consensus_cluster) as leaders, subject.probe() as prober:
         killed = prober.fault_begins()
         consensus_cluster.kill(node)
-        subject.states.wait_for(not_connected, CLUSTER_SESSION_TIMEOUT, since=mark, what="SUSPENDED")
-        subject.states.wait_last(lambda state: state is SessionState.CONNECTED, CLUSTER_SESSION_TIMEOUT)
+        wait_moved(consensus_cluster, subject, node, mark)
         consensus_record("client's node killed -> CONNECTED elsewhere", time.monotonic() - killed)
-        moved = wait_until(lambda: consensus_cluster.serving(identity), 10, what="another node serving")
+        moved = serving_node(consensus_cluster, subject.session)  # the node is dead: another one
         assert moved != node, (moved, node)
         consensus_record(
             "client's node killed -> first write", wait_write_after(prober, killed, ELECTION_BOUND)

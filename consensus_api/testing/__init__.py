@@ -69,7 +69,7 @@ SERVER_NAMES = (*BUILTIN_NAMES, *sorted(_PLUGINS))
 #: ``has_secure_variant``).
 SECURE_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
 #: The servers whose launcher also starts a replicated cluster (``start_cluster``).
-CLUSTER_NAMES = ("zookeeper",)
+CLUSTER_NAMES = ("zookeeper", "etcd")
 #: What ``start_store`` starts: a database file (no process) or one of the servers.
 STORE_NAMES = ("sqlite", *SERVER_NAMES)
 #: The extra that brings the launchers' dependencies.

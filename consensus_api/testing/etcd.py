@@ -20,10 +20,18 @@ import secrets
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+import psutil
+
 from consensus_api.testing._process import HOST, ServerHandle, cache_dir, free_port, launch
+from consensus_api.testing.cluster import FOLLOWER, LEADER, NodeStatus
+
+if TYPE_CHECKING:
+    from consensus_api.testing.cluster import ClusterHandle
 
 START_TIMEOUT = 30.0
 #: The etcd release the suite runs; scripts/install.sh reads it from here.
@@ -64,6 +72,61 @@ def probe(port: int) -> bool:
         return b"user name is empty" in refused.read()
     except (urllib.error.URLError, OSError):
         return False
+
+
+def status(port: int) -> NodeStatus | None:
+    """The role of the member whose clients use ``port`` (leader; follower while it knows a leader;
+    else ``candidate``) and its raft term; None when it does not answer within 0.5 s.
+
+    The Maintenance Status call's term is that of the member's last *applied* entry, which lags
+    behind a new leader's term until it applies its first entry: a leader is reported only after a
+    linearizable read through it succeeded (which needs that entry applied) and a second status
+    still names it, with the term of that second status."""
+    first = _status(port)
+    if first is None or first[0] != LEADER:
+        return None if first is None else NodeStatus(*first)
+    if not probe(port):
+        return NodeStatus("candidate", None)
+    second = _status(port)
+    return None if second is None else NodeStatus(*second)
+
+
+def _status(port: int) -> tuple[str, int] | None:
+    """(role, applied term) from the Maintenance Status call, or None."""
+    request = urllib.request.Request(
+        f"http://{HOST}:{port}/v3/maintenance/status",
+        data=b"{}",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=0.5) as response:
+            answer = json.loads(response.read())
+        member, leader = int(answer["header"]["member_id"]), int(answer.get("leader") or 0)
+        term = int(answer["raftTerm"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+        return None
+    return (LEADER if leader == member else FOLLOWER if leader else "candidate"), term
+
+
+def serves_session(port: int, identity: Mapping[str, Any]) -> bool:
+    """Whether the member at ``port`` holds the client connection of the session ``identity`` names
+    (the backend's ``fault_identity``: the endpoint its calls use and its process): that endpoint is
+    ``port`` and the kernel shows the process connected to it."""
+    endpoint, pid = identity.get("endpoint"), identity.get("pid")
+    if not isinstance(endpoint, str) or not isinstance(pid, int) or endpoint.rpartition(":")[2] != str(port):
+        return False
+    try:
+        connections = psutil.Process(pid).net_connections("tcp")
+    except psutil.Error:
+        return False
+    return any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED for c in connections)
+
+
+def start_cluster(workdir: Path | None = None, nodes: int = 3) -> ClusterHandle:
+    """A cluster of ``nodes`` members (``consensus_api.testing.etcd_cluster``)."""
+    from consensus_api.testing.etcd_cluster import start_cluster as start  # noqa: PLC0415 - imports this module
+
+    return start(workdir, nodes)
 
 
 def _gateway(port: int, path: str, body: dict[str, object]) -> None:

@@ -48,13 +48,20 @@ class Links:
         self._process: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def start(cls, directory: Path, links: Mapping[str, tuple[int, int]]) -> Links:
+    def start(
+        cls,
+        directory: Path,
+        links: Mapping[str, tuple[int, int]],
+        routers: Mapping[int, Mapping[int, int]] | None = None,
+    ) -> Links:
         """Start the proxies of ``links`` (name -> (listen port, target port)) in a child process and
-        wait until it answers; RuntimeError with its log if it does not within ``START_TIMEOUT``."""
+        wait until it answers; RuntimeError with its log if it does not within ``START_TIMEOUT``.
+        ``routers``: listen port -> {a source node's listening port: the port of its link's proxy}
+        (``consensus_api.testing.peer_router``, for peers that share one address per node)."""
         directory.mkdir(parents=True, exist_ok=True)
         spec, log = directory / "links.json", directory / "links.log"
         socket_path = directory / "links.sock"
-        spec.write_text(json.dumps({"socket": str(socket_path), "links": links}))
+        spec.write_text(json.dumps({"socket": str(socket_path), "links": links, "routers": routers or {}}))
         with log.open("ab") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "consensus_api.testing.links", str(spec)],
@@ -135,6 +142,11 @@ def _serve(spec: Path) -> None:
         name: TcpProxy(int(target), listen_port=int(listen), connect_retry=CONNECT_RETRY)
         for name, (listen, target) in data["links"].items()
     }
+    if data.get("routers"):
+        from consensus_api.testing.peer_router import PeerRouter  # noqa: PLC0415 - etcd clusters only
+
+        for listen, routes in data["routers"].items():
+            PeerRouter(int(listen), {int(port): int(link) for port, link in routes.items()})
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     Path(data["socket"]).unlink(missing_ok=True)
     server.bind(data["socket"])

@@ -16,6 +16,8 @@ deadline and the auth token as metadata; grpc errors become consensus_api errors
   and every transition into trouble cancels the calls in flight: nobody (the
   core's dispatcher least of all) waits out a long deadline on a dead or
   paused server.
+* Every call requires the member to know a leader (``REQUIRE_LEADER``): a
+  member cut off from its cluster refuses at once, and the client fails over.
 * Each watch gets a channel of its own, closed when the watch is replaced.
 * An idle stream stays open on the unary calls' channel (``_warm.KeepWarm``):
   without one, grpc starts a polling thread for every call made through a
@@ -79,6 +81,11 @@ CHANNEL_OPTIONS = [
 ]
 
 Metadata = tuple[tuple[str, str], ...] | None
+
+#: Sent with every call (etcd's ``WithRequireLeader``): a member that knows no leader (cut off from
+#: the others) refuses at once with ``no leader`` (UNAVAILABLE), and ends its watch streams, instead
+#: of letting the call wait out its deadline; the call then goes to another endpoint.
+REQUIRE_LEADER = ("hasleader", "true")
 Start = Callable[["_Stubs", float, Metadata], Any]
 
 
@@ -119,7 +126,7 @@ class EtcdClient:
         self._stubs: _Stubs | None = None
         self._warm: KeepWarm | None = None
         self._closed = False
-        self._metadata: Metadata = None
+        self._metadata: Metadata = (REQUIRE_LEADER,)
         self._troubled = False
         self._troubles = 0
         self._in_flight: set[Any] = set()
@@ -169,7 +176,7 @@ class EtcdClient:
         except AuthDisabledError:  # as etcd's own client does: no token needed
             log.debug("etcd has authentication disabled; connecting without a token")
             return
-        self._metadata = (("token", response.token),)
+        self._metadata = (REQUIRE_LEADER, ("token", response.token))
 
     def range(self, request: Any, deadline: float) -> Any:
         """A RangeResponse; linearizable unless the request says otherwise."""
@@ -327,6 +334,11 @@ class EtcdClient:
         if warm is not None and warm is not self._warm:
             warm.close()
         return stubs
+
+    def endpoint(self) -> str:
+        """The ``host:port`` the next call goes to (tests: which member serves this client)."""
+        with self._lock:
+            return str(self._client.endpoint_in_use.netloc)
 
     def _endpoint_failed(self) -> None:
         """Let the next call fail over to another endpoint, if there is one."""

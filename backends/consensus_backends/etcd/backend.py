@@ -20,6 +20,8 @@ used for etcd authentication; the password is never logged or shown.
 
 from __future__ import annotations
 
+import os
+import random
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -89,8 +91,10 @@ class EtcdBackend(Backend):
         return "etcd"
 
     def open(self) -> None:
-        """Authenticate, read the current revision, start the watch and grant the session's lease."""
+        """Authenticate, read the current revision, start the watch and grant the session's lease.
+        The URL's endpoints are tried in a random order, so sessions spread over a cluster's members."""
         endpoints = [(e.host, e.port or DEFAULT_PORT) for e in self.url.endpoints]
+        random.shuffle(endpoints)
         self._client = EtcdClient(
             endpoints,
             tls=self._tls(),
@@ -311,9 +315,14 @@ class EtcdBackend(Backend):
         return profile.ETCD
 
     def fault_identity(self) -> dict[str, object]:
-        """The session's lease: ``{"lease": id}`` (None while it is being replaced), and with TLS the
-        file options ``tls_ca``, ``tls_cert``, ``tls_key`` (paths) to reach it (tests only)."""
-        identity: dict[str, object] = {"lease": self._keeper.held()}
+        """The session's lease: ``{"lease": id}`` (None while it is being replaced), the member its
+        calls go to (``endpoint``, ``host:port``) and this process (``pid``), and with TLS the file
+        options ``tls_ca``, ``tls_cert``, ``tls_key`` (paths) to reach it (tests only)."""
+        identity: dict[str, object] = {
+            "lease": self._keeper.held(),
+            "endpoint": self._client.endpoint(),
+            "pid": os.getpid(),
+        }
         security = self.settings.security
         if security.tls:
             identity["tls"] = {name: getattr(security, name) for name in ("tls_ca", "tls_cert", "tls_key")}

@@ -53,6 +53,5 @@ ETCD = TestProfile(
     unreachable_url=moved_to_free_port,
     not_applicable={
         "database_file": "a database-file fault (SQLite only)",
-        "cluster": "no etcd cluster launcher yet (issue 15: the ZooKeeper ensemble came first)",
     },
 )
