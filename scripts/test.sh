@@ -6,9 +6,10 @@
 #      plugin, installed from plugins/): one process per backend, each
 #      with its own real server, in parallel; then the `security` section and
 #      the storage, session and errors sections on the secured servers
-#      (entries NAME:secure, `consensus servers run NAME --secure`), and the
-#      whole suite on a 3-node ZooKeeper ensemble, whose faults section adds
-#      the cluster tests (entry NAME:cluster, `consensus servers run NAME --nodes 3`);
+#      (entries NAME:secure, `consensus servers run NAME --secure`); then the
+#      whole suite on a 3-node ZooKeeper ensemble and a 3-member etcd cluster,
+#      whose faults section adds the cluster tests (entries NAME:cluster,
+#      `consensus servers run NAME --nodes 3`);
 #   3. the project's own tests;
 #   4. chaos runs with faults on every backend (and with leader faults on the
 #      clusters), and one run of the locks workload, whose histories one Spark
