@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,19 +35,50 @@ from benchmarks import histories
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def consensus(directory: Path, *options: str) -> tuple[float, dict[str, Any]]:
-    """Run ``consensus check DIR --json OPTIONS``; its wall time and JSON output."""
+def consensus(directory: Path, *options: str) -> tuple[float, float, dict[str, Any]]:
+    """Run ``consensus check DIR --json OPTIONS``; its wall time, the CPU seconds of its process tree
+    (the JVM and Python workers included, sampled every half second) and its JSON output."""
     command = Path(sys.executable).with_name("consensus")
     argv = [str(command)] if command.exists() else [sys.executable, "-m", "consensus_api.cli"]
     began = time.monotonic()
-    result = subprocess.run(
-        [*argv, "check", str(directory), "--json", *options], capture_output=True, text=True, check=False
+    process = subprocess.Popen(
+        [*argv, "check", str(directory), "--json", *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    seen: dict[int, float] = {}
+    done = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(process.pid, seen, done), daemon=True)
+    sampler.start()
+    stdout, stderr = process.communicate()
     seconds = time.monotonic() - began
+    done.set()
+    sampler.join()
     try:
-        return seconds, json.loads(result.stdout)
+        return seconds, sum(seen.values()), json.loads(stdout)
     except json.JSONDecodeError:
-        raise SystemExit(f"consensus check failed ({result.returncode}): {result.stderr[-2000:]}") from None
+        raise SystemExit(f"consensus check failed ({process.returncode}): {stderr[-2000:]}") from None
+
+
+def _sample(root: int, seen: dict[int, float], done: threading.Event) -> None:
+    """Record the CPU seconds (own and reaped children's) of ``root`` and its descendants until ``done``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    while not done.wait(0.5):
+        children: dict[int, list[int]] = {}
+        fields: dict[int, list[str]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields[int(stat.parent.name)] = parts = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            children.setdefault(int(parts[1]), []).append(int(stat.parent.name))
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            todo += children.get(pid, [])
+            if pid in fields:
+                seen[pid] = sum(int(fields[pid][i]) for i in (11, 12, 13, 14)) / tick
 
 
 def local_slice(directory: Path, ops: int, total_ops: int, target: Path) -> int:
@@ -59,8 +91,8 @@ def local_slice(directory: Path, ops: int, total_ops: int, target: Path) -> int:
     return total_ops * count // len(files)
 
 
-def rate(ops: int, seconds: float) -> str:
-    return f"{ops:,} ops in {seconds:.1f} s = {ops / seconds:,.0f} ops/s"
+def rate(ops: int, seconds: float, cpu: float) -> str:
+    return f"{ops:,} ops in {seconds:.1f} s = {ops / seconds:,.0f} ops/s ({cpu:.0f} s of CPU)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,17 +121,17 @@ def main(argv: list[str] | None = None) -> int:
             f"in {time.monotonic() - began:.1f} s; load average {os.getloadavg()[0]:.1f}",
             flush=True,
         )
-        seconds, spark = consensus(work / "valid", *spark_options)
+        seconds, cpu, spark = consensus(work / "valid", *spark_options)
         print(
             f"spark ({args.master}, driver {args.driver_memory}), start-up included: "
-            f"{rate(args.ops, seconds)}; exit {spark['exit_code']}",
+            f"{rate(args.ops, seconds, cpu)}; exit {spark['exit_code']}",
             flush=True,
         )
         ok = spark["exit_code"] == 0 and spark["checks"]["linearizability"]["objects"] == args.keys
         sliced = local_slice(work / "valid", local_ops, args.ops, work / "slice")
         part = "the whole history" if sliced == args.ops else f"a slice of whole keys ({sliced:,} ops)"
-        seconds_local, local = consensus(work / "slice", "--engine", "local")
-        print(f"local engine on {part}: {rate(sliced, seconds_local)}; exit {local['exit_code']}")
+        seconds_local, cpu, local = consensus(work / "slice", "--engine", "local")
+        print(f"local engine on {part}: {rate(sliced, seconds_local, cpu)}; exit {local['exit_code']}")
         print(
             f"spark / local ops/s: {args.ops / seconds / (sliced / seconds_local):.2f}; "
             f"load average {os.getloadavg()[0]:.1f}",
@@ -109,11 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.violation:
             shutil.rmtree(work / "valid")
             histories.generate(work / "bad", args.ops, args.keys, args.seed, violation=True)
-            seconds, bad = consensus(work / "bad", *spark_options)
+            seconds, cpu, bad = consensus(work / "bad", *spark_options)
             found = sorted({f["key"] for f in bad["findings"]})
             expected = [histories.planted_key(args.keys)]
             print(
-                f"planted stale read: spark {rate(args.ops + 1, seconds)}; exit {bad['exit_code']}, "
+                f"planted stale read: spark {rate(args.ops + 1, seconds, cpu)}; exit {bad['exit_code']}, "
                 f"violations on {found} (planted on {expected[0]})"
             )
             ok = ok and bad["exit_code"] == 1 and found == expected
