@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import external_histories  # noqa: PLC0415
 
         status = max(status, external_histories.main(["--repeat", "2"] if args.quick else []))
+        from benchmarks import check_scale  # noqa: PLC0415 - 10M ops on Spark local[2] and locally
+
+        status = max(status, check_scale.main(["--quick"] if args.quick else ["--violation"]))
     reports = []
     for name in BACKENDS:
         path = RESULTS / f"{name}.json"

@@ -29,9 +29,16 @@ def check_history(
     engine: str = "spark",
     budget: Budget | None = None,
     master: str = "local[*]",
+    *,
     session: Any = None,
+    driver_memory: str = "2g",
 ) -> Outcome:
-    """Check the histories in ``directory``; ``session`` reuses a running SparkSession."""
+    """Check the histories in ``directory``; ``session`` reuses a running SparkSession, else one is
+    started with ``master`` and ``driver_memory``."""
+    if engine == "spark":
+        from consensus_api.checker.spark import check_memory  # noqa: PLC0415 - optional
+
+        check_memory(driver_memory)
     paths = history_files(directory)
     if not paths:
         raise ConfigurationError(f"no history (*.parquet) in {directory}")
@@ -44,7 +51,7 @@ def check_history(
     elif engine == "spark":
         from consensus_api.checker.spark import run_spark, spark_session  # noqa: PLC0415 - optional
 
-        session = session or spark_session(master)
+        session = session or spark_session(master, driver_memory)
         tables = [run_spark(directory, budget, session), locks.check_spark(directory, session)]
     else:
         raise ConfigurationError(f"unknown engine {engine!r}; expected spark or local")

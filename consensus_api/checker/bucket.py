@@ -5,8 +5,9 @@ Input: history rows plus ``okind`` (kv, election, group, nemesis) and
 key and under their service); ``members`` arrives joined by newlines (list
 columns make Spark's Arrow batching quadratic). Output: ``OUTPUT_COLUMNS``
 rows, one ``summary`` per run and check, one row per finding that is not
-``ok``, and ``stat`` rows (latencies per operation, leader handover gaps per
-service, fault counts). Verdicts depend only on each
+``ok``, and ``stat`` rows (a latency histogram per operation,
+``checker.histogram``, so the output stays small however long the history;
+leader handover gaps per service; fault counts). Verdicts depend only on each
 object's rows, never on how objects are bucketed.
 """
 
@@ -20,6 +21,7 @@ from typing import Any, Final
 
 from consensus_api.checker import wgl
 from consensus_api.checker.election import ELECTION, check_service
+from consensus_api.checker.histogram import Histogram
 from consensus_api.checker.kv import LINEARIZABILITY, LISTENERS, check_key
 from consensus_api.checker.membership import MEMBERSHIP, check_group
 from consensus_api.checker.ops import COLUMNS, INVALID, MEMBERS, PASS, TYPE, F, Finding, Operation, T, pair
@@ -42,6 +44,7 @@ MEMBERS_SEPARATOR: Final = "\n"  # member ids are key segments: no control chara
 CHECKS: Final = {"kv": (LINEARIZABILITY, LISTENERS), "election": (ELECTION,), "group": (MEMBERSHIP,)}
 SUMMARY: Final = "summary"
 STAT: Final = "stat"
+LATENCY: Final = "latency"
 
 
 def output_schema() -> Any:
@@ -75,6 +78,7 @@ class _Output:
     rows: list[dict[str, Any]] = field(default_factory=list)
     totals: dict[tuple[str, str], _Totals] = field(default_factory=lambda: defaultdict(_Totals))
     stats: dict[tuple[str, str, str], list[int]] = field(default_factory=lambda: defaultdict(list))
+    latencies: dict[tuple[str, str], Histogram] = field(default_factory=lambda: defaultdict(Histogram))
 
     def add(self, run: str, finding: Finding, ms: float) -> None:
         totals = self.totals[(run, finding.check)]
@@ -112,7 +116,11 @@ class _Output:
                     "ms": t.ms,
                 }
             )
-        for (run, check, key), values in self.stats.items():
+        stats = [
+            *self.stats.items(),
+            *(((run, LATENCY, f), h.encode()) for (run, f), h in self.latencies.items()),
+        ]
+        for (run, check, key), values in stats:
             self.rows.append({"run": run, "check": check, "key": key, "verdict": STAT, "values": values})
         return pa.Table.from_pylist(self.rows, schema=output_schema())
 
@@ -192,7 +200,10 @@ def _decode_members(rows: list[Any]) -> list[Any]:
 
 
 def _latencies(out: _Output, run: str, ops: list[Operation]) -> None:
+    by_f: defaultdict[str, list[int]] = defaultdict(list)
     for op in ops:
         ret = op.ret
         if ret is not None:
-            out.stats[(run, "latency", op.f)].append(ret - op.call)
+            by_f[op.f].append(ret - op.call)
+    for f, values in by_f.items():
+        out.latencies[(run, f)].add_all(values)

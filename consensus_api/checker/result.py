@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from consensus_api.checker.bucket import CHECKS, STAT, SUMMARY
+from consensus_api.checker.bucket import CHECKS, LATENCY, STAT, SUMMARY
+from consensus_api.checker.histogram import Histogram
 from consensus_api.checker.ops import INVALID, PASS, UNKNOWN, VIOLATION
 
 ALL_CHECKS: Final = tuple(check for checks in CHECKS.values() for check in checks)
@@ -46,7 +47,8 @@ class Outcome:
     seconds: float = 0.0
     checks: dict[str, CheckVerdict] = field(default_factory=dict)
     findings: list[dict[str, Any]] = field(default_factory=list)
-    latencies: dict[str, list[int]] = field(default_factory=dict)
+    #: Per operation: its latencies (ns), merged from every bucket's histogram.
+    latencies: dict[str, Histogram] = field(default_factory=dict)
     handovers: dict[str, list[int]] = field(default_factory=dict)
     faults: dict[str, int] = field(default_factory=dict)
     runs: dict[str, str] = field(default_factory=dict)
@@ -67,8 +69,8 @@ class Outcome:
                 total.ms += row["ms"]
             elif verdict == STAT:
                 values = row["values"] or []
-                if check == "latency":
-                    outcome.latencies.setdefault(key, []).extend(values)
+                if check == LATENCY:
+                    outcome.latencies.setdefault(key, Histogram()).merge(values)
                 elif check == "handover":
                     outcome.handovers.setdefault(key, []).extend(values)
                 elif check == "fault":
@@ -94,14 +96,15 @@ class Outcome:
         return EXIT_UNKNOWN if UNKNOWN in verdicts else EXIT_OK
 
     def latency_table(self) -> dict[str, dict[str, float]]:
-        """Per operation: count and latency percentiles in milliseconds."""
+        """Per operation: count and latency percentiles in milliseconds (within 1/64 below; max exact)."""
         table = {}
-        for f, values in sorted(self.latencies.items()):
-            ordered = sorted(values)
-            row = {"count": float(len(ordered))}
+        for f, histogram in sorted(self.latencies.items()):
+            if not histogram.count:
+                continue
+            row = {"count": float(histogram.count)}
             for p in PERCENTILES:
-                row[f"p{p}"] = ordered[min(len(ordered) - 1, len(ordered) * p // 100)] / 1e6
-            row["max"] = ordered[-1] / 1e6
+                row[f"p{p}"] = histogram.percentile(p) / 1e6
+            row["max"] = histogram.maximum / 1e6
             table[f] = row
         return table
 

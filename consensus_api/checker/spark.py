@@ -9,6 +9,7 @@ this interpreter, and the UI and console progress are off.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,25 @@ from consensus_api.errors import ConfigurationError
 
 ROWS_PER_BUCKET = 20_000
 MAX_BUCKETS = 1024
+#: Shuffle partitions hold about this many rows at most, so a task's sort buffers stay small.
+ROWS_PER_PARTITION = 1_000_000
+DRIVER_MEMORY = "2g"
+_MEMORY = re.compile(r"[1-9][0-9]*[kmgt]?", re.IGNORECASE)
 
 
-def spark_session(master: str = "local[*]") -> Any:
-    """A SparkSession configured for this job (see the module docstring); reused if one is running."""
+def check_memory(amount: str) -> str:
+    """``amount`` if it is a JVM memory size (``512m``, ``2g``); ``ConfigurationError`` otherwise."""
+    if not _MEMORY.fullmatch(amount):
+        raise ConfigurationError(f"driver memory must look like 512m or 2g, got {amount!r}")
+    return amount
+
+
+def spark_session(master: str = "local[*]", driver_memory: str = DRIVER_MEMORY) -> Any:
+    """A SparkSession configured for this job (see the module docstring); reused if one is running.
+
+    ``driver_memory`` caps the driver JVM's heap (with ``local[N]``, the executors' too): nothing
+    collects the history to the driver, only the checks' output (findings, summaries, histograms)."""
+    check_memory(driver_memory)
     try:
         from pyspark.sql import SparkSession  # noqa: PLC0415 - an optional dependency
     except ImportError:
@@ -42,7 +58,7 @@ def spark_session(master: str = "local[*]") -> Any:
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.memory", "2g")
+        .config("spark.driver.memory", driver_memory)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
     )
@@ -78,8 +94,10 @@ def project(frame: Any) -> Any:
 def run_spark(directory: Path, budget: wgl.Budget, session: Any) -> Any:
     """Check the history in ``directory`` with ``session``; returns the output as a ``pyarrow.Table``.
 
-    About ``ROWS_PER_BUCKET`` rows go to a bucket (read from the Parquet footers),
-    and a few shuffle partitions per core keep every core busy.
+    About ``ROWS_PER_BUCKET`` rows go to a bucket (read from the Parquet footers);
+    a few shuffle partitions per core keep every core busy, and more of them
+    keep each under ``ROWS_PER_PARTITION`` rows. Adaptive query execution is off
+    for this job: it would only re-plan what is sized here.
     """
     import pyarrow.parquet as pq  # noqa: PLC0415
     from pyspark.sql import functions as F  # noqa: N812, PLC0415
@@ -87,7 +105,9 @@ def run_spark(directory: Path, budget: wgl.Budget, session: Any) -> Any:
     rows = sum(pq.read_metadata(path).num_rows for path in history_files(directory))
     buckets = max(1, min(MAX_BUCKETS, rows // ROWS_PER_BUCKET))
     cores = session.sparkContext.defaultParallelism
-    session.conf.set("spark.sql.shuffle.partitions", str(max(1, min(buckets, 4 * cores))))
+    partitions = max(min(buckets, 4 * cores), -(-rows // ROWS_PER_PARTITION))
+    session.conf.set("spark.sql.shuffle.partitions", str(max(1, min(buckets, partitions))))
+    session.conf.set("spark.sql.adaptive.enabled", "false")  # sized above (see the docstring)
     frame = session.read.parquet(str(directory / "*.parquet"))
     keyed = project(frame).withColumn("bucket", F.expr(f"pmod(xxhash64(run, object), {buckets})"))
 

@@ -46,6 +46,13 @@ DEFAULT_MODELS = {"jepsen-log": "register", "jepsen-edn": "kv"}
 )
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option(
+    "--driver-memory",
+    default="2g",
+    show_default=True,
+    help="The Spark driver's heap (with local[N] also the executors'): only the checks' output is "
+    "collected to it, never the history.",
+)
+@click.option(
     "--report",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -74,6 +81,7 @@ def check(  # noqa: PLR0917 - click passes every option as a parameter
     model: str | None,
     engine: str,
     master: str,
+    driver_memory: str,
     report: Path | None,
     as_json: bool,
     time_budget: float,
@@ -104,7 +112,7 @@ def check(  # noqa: PLR0917 - click passes every option as a parameter
         raise ConfigurationError(f"{path} is not a directory (a history written by consensus chaos)")
     if report is not None:
         require_extra("spark", ["matplotlib"], "--report")
-    outcome = check_history(path, engine, budget, master)
+    outcome = check_history(path, engine, budget, master, driver_memory=driver_memory)
     if report is not None:
         write_report(outcome, report)
     if as_json:
