@@ -62,9 +62,10 @@ ETCD_VERSION=$(sed -n 's/^ETCD_VERSION = "\(.*\)"$/\1/p' "$ROOT/consensus_api/te
 [ -n "$ETCD_VERSION" ] || { say "no ETCD_VERSION in consensus_api/testing/etcd.py"; exit 1; }
 etcd_dir="$CACHE/etcd-$ETCD_VERSION"
 
-etcd_ok() {
-    "$etcd_dir/etcd" --version 2>/dev/null | grep -q "^etcd Version: $ETCD_VERSION\$" &&
-        "$etcd_dir/etcdctl" version 2>/dev/null | grep -q "^etcdctl version: $ETCD_VERSION\$"
+etcd_ok() {  # output captured first: `cmd | grep -q` fails under pipefail when grep exits early (SIGPIPE)
+    local server client
+    server=$("$etcd_dir/etcd" --version 2>/dev/null) && client=$("$etcd_dir/etcdctl" version 2>/dev/null) &&
+        grep -qx "etcd Version: $ETCD_VERSION" <<<"$server" && grep -qx "etcdctl version: $ETCD_VERSION" <<<"$client"
 }
 
 if etcd_ok; then
