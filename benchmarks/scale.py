@@ -5,7 +5,9 @@ so that its resident memory (``/proc/<pid>/statm``) counts only the sessions
 it hosts: measured once the backend and its client library are imported
 (base), after the sessions are open (idle: ``rss_per_session_mb`` is the
 growth per session) and once everything converged (loaded; for ``watched``
-also ``rss_per_key_kb``, the growth per watched key). Workloads:
+``rss_per_key_kb``, the growth per watched key; for the others
+``rss_per_member_kb``, the growth per member, observer's view included).
+Workloads:
 
 * ``members``: SIZE members joined into one group by SESSIONS sessions (in
   parallel, one thread per session); converged when an observer session's
@@ -143,7 +145,9 @@ def host(url: str, workload: str, size: int, sessions: int, deadline: float) -> 
             "rss_loaded_mb": round(loaded, 1),
             "rss_per_session_mb": round((idle - base) / len(opened), 2),
             "rss_loaded_per_session_mb": round((loaded - base) / len(opened), 2),
-            **({"rss_per_key_kb": round((loaded - idle) * 1024 / size, 2)} if workload == "watched" else {}),
+            ("rss_per_key_kb" if workload == "watched" else "rss_per_member_kb"): round(
+                (loaded - idle) * 1024 / size, 2
+            ),
         },
         separators=(",", ":"),
     )
