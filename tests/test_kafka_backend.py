@@ -31,7 +31,17 @@ from consensus_api.testing import ServerHandle, start_server
 from consensus_api.testing.certificates import write_certificates
 from consensus_backends.kafka import KafkaBackend
 from consensus_backends.kafka import settings as kafka_settings
-from consensus_backends.kafka.protocol import Metadata, assign, decode_assignment, encode_metadata
+from consensus_backends.kafka.channel import GroupView
+from consensus_backends.kafka.protocol import (
+    GROUP_TYPE,
+    Entry,
+    Metadata,
+    Roster,
+    assign,
+    decode_assignment,
+    decode_metadata,
+    encode_metadata,
+)
 from consensus_backends.kafka.records import Command, Op, decode, encode
 from consensus_backends.kafka.state import Result, StateMachine
 
@@ -311,7 +321,8 @@ def test_assignment_resolves_duplicates_and_keeps_the_queue() -> None:
     claim names the newest lease term."""
 
     def meta(own_id: str, at: float, **extra: Any) -> bytes:
-        return encode_metadata(Metadata(own_id, at, **extra))
+        entry = Entry(own_id, "1", extra.get("since", -1), at)
+        return encode_metadata(Metadata((entry,), at, **extra))
 
     members = [
         ("k1", meta("x", 5.0)),
@@ -344,13 +355,34 @@ def test_assignments_and_metadata_do_not_grow_with_the_group() -> None:
 
     def largest(size: int) -> int:
         members = [
-            (f"consensus-api-{i:04}-{uuid.uuid4()}", encode_metadata(Metadata(f"m{i}", i)))
+            (f"consensus-api-{i:04}-{uuid.uuid4()}", encode_metadata(Metadata((Entry(f"m{i}", "1"),), i)))
             for i in range(size)
         ]
         assignments = assign(7, members, (0, None), election=False)
         return max(len(raw) for raw in [*assignments.values(), *(raw for _, raw in members)])
 
     assert largest(1000) <= largest(10) + 8 < 200
+
+
+def test_one_kafka_member_carries_many_entries() -> None:
+    """A session's members of a group ride on one Kafka member: each costs one compact entry; the
+    leader rejects the later of two entries with one id, the roster drops rejected and departed
+    entries."""
+    first = [Entry(f"m{i}", str(i), since=2, at=float(i), data=b"d%d" % i) for i in range(1000)]
+    raw_first = encode_metadata(Metadata(tuple(first), 0.0))
+    assert len(raw_first) < 1000 * 50
+    decoded = decode_metadata(raw_first)
+    assert decoded is not None and decoded.entries == tuple(first)
+    second = encode_metadata(Metadata((Entry("m5", "9", at=0.0), Entry("new", "10", at=5.0)), 1.0))
+    raw = assign(3, [("k1", raw_first), ("k2", second)], (0, None), election=False)
+    verdicts = {kid: decode_assignment(value) for kid, value in raw.items()}
+    assert verdicts["k1"] is not None and verdicts["k1"].accepted and not verdicts["k1"].rejected
+    assert verdicts["k2"] is not None and verdicts["k2"].accepted and verdicts["k2"].rejected == {"9"}
+    view = GroupView("Stable", GROUP_TYPE, {"k1": (raw_first, raw["k1"]), "k2": (second, raw["k2"])})
+    roster = Roster.of("g", view)
+    present = roster.present({"k1", "k2"}, frozenset({"k1#7"}))
+    assert len(present) == 1000 and "m7" not in present and present["new"] == b""
+    assert present["m5"] == b"d5"
 
 
 # Connection, options and credentials
