@@ -315,6 +315,29 @@ def test_racing_duplicate_joins_leave_one_member(connect: Any) -> None:
     assert sessions[0].group("g").membership() == {"same": str(winners[0]).encode()}
 
 
+def test_members_of_one_session_share_a_kafka_member(connect: Any) -> None:
+    """Three members joined by one session are one Kafka group member; leaving the middle one hides it
+    from an observer at once while the others stay; another session's duplicate of a shared id is
+    rejected by the group leader; the last leave takes the Kafka member out of the group."""
+    joiner, rival, observer = connect(), connect(), connect()
+    group = joiner.group("g")
+    for index in range(3):
+        group.join(f"m{index}", b"%d" % index)
+    assert len(joiner._backend.fault_identity()["members"]) == 1
+    rival.group("g").join("other")
+    with pytest.raises(ca.MemberExistsError):
+        rival.group("g").join("m1")
+    assert observer.group("g").membership() == {"m0": b"0", "m1": b"1", "m2": b"2", "other": b""}
+    group.leave("m1")
+    assert observer.group("g").members() == {"m0", "m2", "other"}
+    group.join("m1", b"again")
+    assert observer.group("g").membership()["m1"] == b"again"
+    for member in ("m0", "m1", "m2"):
+        group.leave(member)
+    assert joiner._backend.fault_identity()["members"] == []
+    assert observer.group("g").members() == {"other"}
+
+
 def test_assignment_resolves_duplicates_and_keeps_the_queue() -> None:
     """The group leader's decision: the earliest-accepted duplicate wins, the lease holder stays leader,
     members that saw the newest generation keep their order, newcomers queue by join time, and the
