@@ -4,15 +4,8 @@ A candidate is a :class:`Member` of the Kafka group
 ``<prefix>.election.<service>``; the members one session joined to a group
 are the slots of one :class:`Member` of ``<prefix>.group.<name>``: a join adds
 a slot and rejoins, a leave records the slot departed (``<Kafka member
-id>#<token>``) and rejoins without it, the last leave leaves the Kafka group. Observers that
-never joined read a group with DescribeGroups: while the group is Stable every
-member's metadata (id, data) and its own assignment (whether the group leader
-accepted it) are visible, so what the broker stores and returns per group
-grows linearly with its members; during a rebalance only the member ids are,
-so the last Stable roster is used for members still present, and a reader
-waits (at most ``session_timeout``) when a member it has never seen is joining.
-Members recorded as departed in the command log are never reported, whatever
-the broker restored (:mod:`consensus_backends.kafka.departures`); a membership
+id>#<token>``) and rejoins without it, the last leave leaves the Kafka group.
+Observers read groups through :mod:`consensus_backends.kafka.rosters`; a membership
 read first catches up with the log, so a ``leave`` that returned is seen.
 
 The leader of a service is the holder of the service's lease in the command
@@ -30,8 +23,6 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import kafka.errors as kerrors
-
 from consensus_api.errors import (
     ConsensusError,
     FencedError,
@@ -40,18 +31,14 @@ from consensus_api.errors import (
     SessionLostError,
 )
 from consensus_api.model import Leadership
-from consensus_backends.kafka.channel import GONE, STABLE, Channel, GroupView
+from consensus_backends.kafka.channel import Channel
 from consensus_backends.kafka.commandlog import CommandLog
 from consensus_backends.kafka.departures import Departures
 from consensus_backends.kafka.errors import timeout_error, translate
 from consensus_backends.kafka.member import Member, Slot, start_member
-from consensus_backends.kafka.protocol import (
-    ENTRY_SEP,
-    Assignment,
-    LeaseView,
-    Roster,
-)
+from consensus_backends.kafka.protocol import ENTRY_SEP, Assignment, LeaseView
 from consensus_backends.kafka.records import Command, Op
+from consensus_backends.kafka.rosters import SETTLE_POLL, Rosters
 from consensus_backends.kafka.settings import Settings
 from consensus_backends.kafka.state import Result, StateMachine
 
@@ -61,7 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("consensus_api.kafka")
 
 CLAIM_RETRY = 0.1
-SETTLE_POLL = 0.05
 #: (is an election, group or service name, member or candidate id)
 Key = tuple[bool, str, str]
 
@@ -88,7 +74,7 @@ class Groups:
         self._lock = threading.Lock()
         self._members: dict[Key, Member] = {}
         self._shared: dict[str, Member] = {}  # group name -> the Member carrying this session's members
-        self._rosters: dict[str, Roster] = {}
+        self._rosters = Rosters(settings, channel, state)
         self._departures = Departures(log_, channel)
         self._retired: set[Leadership] = set()
         self._tearing_down = False
@@ -110,7 +96,7 @@ class Groups:
         """The live members of ``group`` and their data, as of a read after the log's end."""
         deadline = time.monotonic() + self._settings.request_timeout
         self._log.sync(deadline)
-        return dict(self._roster_entries(self._settings.group_id(group), deadline))
+        return dict(self._rosters.entries(self._settings.group_id(group), deadline))
 
     # Election (docs/spec.md section 7)
 
@@ -140,7 +126,7 @@ class Groups:
                     ours = [m for m in self._members.values() if m.election and m.kafka_id == lease.member]
                 if ours and self._healthy(ours[0]):
                     return Leadership(service, lease.leader, lease.term)
-            present = set(self._describe(group_id, deadline).members) - self._state.departed(group_id)
+            present = set(self._rosters.describe(group_id, deadline).members) - self._state.departed(group_id)
             if lease.leader is not None and lease.member in present:
                 return Leadership(service, lease.leader, lease.term)
             if not present or time.monotonic() + SETTLE_POLL >= settle_by:
@@ -234,7 +220,7 @@ class Groups:
             self._rejoin(shared)
             return self._await(key, shared, slot, deadline)
         # An early answer for a member already seen; the group leader rejects any later duplicate.
-        known = self._roster_entries(group_id, deadline, settle=False)
+        known = self._rosters.entries(group_id, deadline, settle=False)
         if own_id in {i for i, _ in known}:
             raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
         lease_view = (lambda: self.lease_view(name)) if election else None
@@ -405,44 +391,6 @@ class Groups:
         except ConsensusError as exc:
             log.info("claiming the lease of %r failed (%s); retrying", member.name, exc)
             return False
-
-    def _describe(self, group_id: str, deadline: float) -> GroupView:
-        try:
-            return self._channel.describe([group_id], deadline)[group_id]
-        except kerrors.KafkaError as exc:
-            raise translate(exc, f"describing group {group_id!r}") from None
-
-    def _roster_entries(
-        self, group_id: str, deadline: float, *, settle: bool = True
-    ) -> list[tuple[str, bytes]]:
-        """(id, data) of the accepted members. While members never seen in a Stable roster are joining,
-        wait (at most ``session_timeout`` plus a second) for the rebalance to end if ``settle``, else
-        answer at once from the last Stable roster this session saw. Departed members are left out."""
-        settle_within = (
-            min(self._settings.request_timeout, self._settings.session_timeout + 1) if settle else 0.0
-        )
-        settle_by = time.monotonic() + settle_within
-        while True:
-            view = self._describe(group_id, deadline)
-            if view.state in GONE:
-                return []
-            present = set(view.members) - self._state.departed(group_id)
-            departed = self._state.departed(group_id)
-            if view.state == STABLE:
-                roster = Roster.of(group_id, view)
-                with self._lock:
-                    self._rosters[group_id] = roster
-                return list(roster.present(present, departed).items())
-            with self._lock:
-                cached = self._rosters.get(group_id)
-            give_up = time.monotonic() + SETTLE_POLL >= settle_by
-            if cached is not None and (present <= cached.known or give_up):
-                return list(cached.present(present, departed).items())
-            if give_up:
-                if not settle:
-                    return []
-                raise timeout_error(f"the rebalance of group {group_id!r} to end")
-            time.sleep(SETTLE_POLL)
 
 
 def _distinct(members: Iterable[Member]) -> list[Member]:
