@@ -37,7 +37,7 @@ class Plan:
         """The sizes for a full run, or the scaled-down ``--quick`` ones."""
         if quick:
             return cls(True, 60, 0.4, 8, 30, 15, {2.0: 2}, 200, 20, 10, 1000, 5, 90.0)
-        return cls(False, 300, 1.5, 8, 150, 60, {2.0: 8, 10.0: 4}, 1000, 100, 10, 10_000, 20, 420.0)
+        return cls(False, 300, 1.5, 8, 150, 60, {2.0: 8, 10.0: 4}, 5000, 500, 10, 10_000, 20, 600.0)
 
     def scale_note(self) -> str:
         """How this run's scale workloads compare to the full ones."""
@@ -45,7 +45,7 @@ class Plan:
             return ""
         return (
             f"--quick: scaled down to {self.members} members, {self.groups} groups of {self.per_group}, "
-            f"{self.watched_keys} watched keys (full: 1000, 100 x 10, 10000)"
+            f"{self.watched_keys} watched keys (full: 5000, 500 x 10, 10000)"
         )
 
 

@@ -29,6 +29,7 @@ SCALE = (
     ("sessions", "sessions"),
     ("MiB/session idle", "rss_per_session_mb"),
     ("MiB/session loaded", "rss_loaded_per_session_mb"),
+    ("KiB/member", "rss_per_member_kb"),
     ("KiB/watched key", "rss_per_key_kb"),
     ("joined ms", "joined_ms"),
     ("update ms", "update_ms"),

@@ -79,6 +79,10 @@ def test_sqlite_quick(tmp_path: Path) -> None:
     op = next(row for row in report["results"] if row["workload"] == "op.put")
     assert op["baseline"] == "raw SQLAlchemy Core"
     assert op["ours_ops_8t"] > 0 and op["baseline_ops_8t"] > 0
+    scale = {row["workload"]: row for row in report["results"] if row["workload"].startswith("scale.")}
+    for name in ("scale.members_200", "scale.groups_20x10"):
+        assert scale[name]["rss_per_member_kb"] > 0 and "rss_per_key_kb" not in scale[name], scale[name]
+    assert scale["scale.watched_1000"]["rss_per_key_kb"] > 0
 
 
 def test_zookeeper_watch_and_membership(zookeeper_server: ServerHandle) -> None:

@@ -31,7 +31,17 @@ from consensus_api.testing import ServerHandle, start_server
 from consensus_api.testing.certificates import write_certificates
 from consensus_backends.kafka import KafkaBackend
 from consensus_backends.kafka import settings as kafka_settings
-from consensus_backends.kafka.protocol import Metadata, assign, decode_assignment, encode_metadata
+from consensus_backends.kafka.channel import GroupView
+from consensus_backends.kafka.protocol import (
+    GROUP_TYPE,
+    Entry,
+    Metadata,
+    Roster,
+    assign,
+    decode_assignment,
+    decode_metadata,
+    encode_metadata,
+)
 from consensus_backends.kafka.records import Command, Op, decode, encode
 from consensus_backends.kafka.state import Result, StateMachine
 
@@ -305,13 +315,37 @@ def test_racing_duplicate_joins_leave_one_member(connect: Any) -> None:
     assert sessions[0].group("g").membership() == {"same": str(winners[0]).encode()}
 
 
+def test_members_of_one_session_share_a_kafka_member(connect: Any) -> None:
+    """Three members joined by one session are one Kafka group member; leaving the middle one hides it
+    from an observer at once while the others stay; another session's duplicate of a shared id is
+    rejected by the group leader; the last leave takes the Kafka member out of the group."""
+    joiner, rival, observer = connect(), connect(), connect()
+    group = joiner.group("g")
+    for index in range(3):
+        group.join(f"m{index}", b"%d" % index)
+    assert len(joiner._backend.fault_identity()["members"]) == 1
+    rival.group("g").join("other")
+    with pytest.raises(ca.MemberExistsError):
+        rival.group("g").join("m1")
+    assert observer.group("g").membership() == {"m0": b"0", "m1": b"1", "m2": b"2", "other": b""}
+    group.leave("m1")
+    assert observer.group("g").members() == {"m0", "m2", "other"}
+    group.join("m1", b"again")
+    assert observer.group("g").membership()["m1"] == b"again"
+    for member in ("m0", "m1", "m2"):
+        group.leave(member)
+    assert joiner._backend.fault_identity()["members"] == []
+    assert observer.group("g").members() == {"other"}
+
+
 def test_assignment_resolves_duplicates_and_keeps_the_queue() -> None:
     """The group leader's decision: the earliest-accepted duplicate wins, the lease holder stays leader,
     members that saw the newest generation keep their order, newcomers queue by join time, and the
     claim names the newest lease term."""
 
     def meta(own_id: str, at: float, **extra: Any) -> bytes:
-        return encode_metadata(Metadata(own_id, at, **extra))
+        entry = Entry(own_id, "1", extra.get("since", -1), at)
+        return encode_metadata(Metadata((entry,), at, **extra))
 
     members = [
         ("k1", meta("x", 5.0)),
@@ -344,13 +378,34 @@ def test_assignments_and_metadata_do_not_grow_with_the_group() -> None:
 
     def largest(size: int) -> int:
         members = [
-            (f"consensus-api-{i:04}-{uuid.uuid4()}", encode_metadata(Metadata(f"m{i}", i)))
+            (f"consensus-api-{i:04}-{uuid.uuid4()}", encode_metadata(Metadata((Entry(f"m{i}", "1"),), i)))
             for i in range(size)
         ]
         assignments = assign(7, members, (0, None), election=False)
         return max(len(raw) for raw in [*assignments.values(), *(raw for _, raw in members)])
 
     assert largest(1000) <= largest(10) + 8 < 200
+
+
+def test_one_kafka_member_carries_many_entries() -> None:
+    """A session's members of a group ride on one Kafka member: each costs one compact entry; the
+    leader rejects the later of two entries with one id, the roster drops rejected and departed
+    entries."""
+    first = [Entry(f"m{i}", str(i), since=2, at=float(i), data=b"d%d" % i) for i in range(1000)]
+    raw_first = encode_metadata(Metadata(tuple(first), 0.0))
+    assert len(raw_first) < 1000 * 50
+    decoded = decode_metadata(raw_first)
+    assert decoded is not None and decoded.entries == tuple(first)
+    second = encode_metadata(Metadata((Entry("m5", "9", at=0.0), Entry("new", "10", at=5.0)), 1.0))
+    raw = assign(3, [("k1", raw_first), ("k2", second)], (0, None), election=False)
+    verdicts = {kid: decode_assignment(value) for kid, value in raw.items()}
+    assert verdicts["k1"] is not None and verdicts["k1"].accepted and not verdicts["k1"].rejected
+    assert verdicts["k2"] is not None and verdicts["k2"].accepted and verdicts["k2"].rejected == {"9"}
+    view = GroupView("Stable", GROUP_TYPE, {"k1": (raw_first, raw["k1"]), "k2": (second, raw["k2"])})
+    roster = Roster.of("g", view)
+    present = roster.present({"k1", "k2"}, frozenset({"k1#7"}))
+    assert len(present) == 1000 and "m7" not in present and present["new"] == b""
+    assert present["m5"] == b"d5"
 
 
 # Connection, options and credentials

@@ -28,11 +28,13 @@ import kafka.errors as kerrors
 from consensus_api.errors import ConsensusError
 from consensus_backends.kafka.channel import Channel
 from consensus_backends.kafka.commandlog import CommandLog
+from consensus_backends.kafka.protocol import ENTRY_SEP
 from consensus_backends.kafka.records import Command, Op, encode_departures
 
 log = logging.getLogger("consensus_api.kafka")
 
-#: (Kafka group id, Kafka member id)
+#: (Kafka group id, Kafka member id), or (Kafka group id, ``<Kafka member id>#<token>``) for one
+#: entry of a member that stays (:mod:`consensus_backends.kafka.protocol`)
 Departure = tuple[str, str]
 
 
@@ -79,7 +81,7 @@ class Departures:
                 return
             with self._lock:
                 self._unrecorded = [d for d in self._unrecorded if d not in unrecorded]
-                self._unleft += unrecorded
+                self._unleft += [d for d in unrecorded if ENTRY_SEP not in d[1]]  # entries: no LeaveGroup
         with self._lock:
             unleft = list(self._unleft)
         for group_id, member_id in unleft:

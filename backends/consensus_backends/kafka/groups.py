@@ -1,15 +1,11 @@
 """Membership and leader election on Kafka groups, and how observers read them.
 
-A joined member or a candidate is a :class:`Member` of the Kafka group
-``<prefix>.group.<name>`` or ``<prefix>.election.<service>``. Observers that
-never joined read a group with DescribeGroups: while the group is Stable every
-member's metadata (id, data) and its own assignment (whether the group leader
-accepted it) are visible, so what the broker stores and returns per group
-grows linearly with its members; during a rebalance only the member ids are,
-so the last Stable roster is used for members still present, and a reader
-waits (at most ``session_timeout``) when a member it has never seen is joining.
-Members recorded as departed in the command log are never reported, whatever
-the broker restored (:mod:`consensus_backends.kafka.departures`); a membership
+A candidate is a :class:`Member` of the Kafka group
+``<prefix>.election.<service>``; the members one session joined to a group
+are the slots of one :class:`Member` of ``<prefix>.group.<name>``: a join adds
+a slot and rejoins, a leave records the slot departed (``<Kafka member
+id>#<token>``) and rejoins without it, the last leave leaves the Kafka group.
+Observers read groups through :mod:`consensus_backends.kafka.rosters`; a membership
 read first catches up with the log, so a ``leave`` that returned is seen.
 
 The leader of a service is the holder of the service's lease in the command
@@ -24,9 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
-
-import kafka.errors as kerrors
 
 from consensus_api.errors import (
     ConsensusError,
@@ -36,17 +31,14 @@ from consensus_api.errors import (
     SessionLostError,
 )
 from consensus_api.model import Leadership
-from consensus_backends.kafka.channel import GONE, STABLE, Channel, GroupView
+from consensus_backends.kafka.channel import Channel
 from consensus_backends.kafka.commandlog import CommandLog
 from consensus_backends.kafka.departures import Departures
 from consensus_backends.kafka.errors import timeout_error, translate
-from consensus_backends.kafka.member import Member, start_member
-from consensus_backends.kafka.protocol import (
-    Assignment,
-    LeaseView,
-    Roster,
-)
+from consensus_backends.kafka.member import Member, Slot, start_member
+from consensus_backends.kafka.protocol import ENTRY_SEP, Assignment, LeaseView
 from consensus_backends.kafka.records import Command, Op
+from consensus_backends.kafka.rosters import SETTLE_POLL, Rosters
 from consensus_backends.kafka.settings import Settings
 from consensus_backends.kafka.state import Result, StateMachine
 
@@ -56,7 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("consensus_api.kafka")
 
 CLAIM_RETRY = 0.1
-SETTLE_POLL = 0.05
 #: (is an election, group or service name, member or candidate id)
 Key = tuple[bool, str, str]
 
@@ -82,7 +73,8 @@ class Groups:
         self._api_version = api_version
         self._lock = threading.Lock()
         self._members: dict[Key, Member] = {}
-        self._rosters: dict[str, Roster] = {}
+        self._shared: dict[str, Member] = {}  # group name -> the Member carrying this session's members
+        self._rosters = Rosters(settings, channel, state)
         self._departures = Departures(log_, channel)
         self._retired: set[Leadership] = set()
         self._tearing_down = False
@@ -104,7 +96,7 @@ class Groups:
         """The live members of ``group`` and their data, as of a read after the log's end."""
         deadline = time.monotonic() + self._settings.request_timeout
         self._log.sync(deadline)
-        return dict(self._roster_entries(self._settings.group_id(group), deadline))
+        return dict(self._rosters.entries(self._settings.group_id(group), deadline))
 
     # Election (docs/spec.md section 7)
 
@@ -134,7 +126,7 @@ class Groups:
                     ours = [m for m in self._members.values() if m.election and m.kafka_id == lease.member]
                 if ours and self._healthy(ours[0]):
                     return Leadership(service, lease.leader, lease.term)
-            present = set(self._describe(group_id, deadline).members) - self._state.departed(group_id)
+            present = set(self._rosters.describe(group_id, deadline).members) - self._state.departed(group_id)
             if lease.leader is not None and lease.member in present:
                 return Leadership(service, lease.leader, lease.term)
             if not present or time.monotonic() + SETTLE_POLL >= settle_by:
@@ -158,20 +150,22 @@ class Groups:
     def close(self) -> None:
         """Vacate held leases and leave every group."""
         with self._lock:
-            doomed = list(self._members.values())
+            doomed = _distinct(self._members.values())
             self._members.clear()
+            self._shared.clear()
         self._stop(doomed, time.monotonic() + min(self._settings.request_timeout, 2.0))
 
     # Driver host
 
     def members(self) -> list[Member]:
         with self._lock:
-            return list(self._members.values())
+            return _distinct(self._members.values())
 
     def teardown(self) -> None:
         with self._lock:
-            doomed = list(self._members.values())
+            doomed = _distinct(self._members.values())
             self._members.clear()
+            self._shared.clear()
             self._tearing_down = True
         for member in doomed:
             member.stopping = True
@@ -193,8 +187,8 @@ class Groups:
 
     # Member hooks (IO thread: never block)
 
-    def assigned(self, member: Member, assignment: Assignment | None) -> None:
-        self._worker.submit(lambda: self._on_assignment(member, assignment))
+    def assigned(self, member: Member, assignment: Assignment | None, sent: dict[str, str]) -> None:
+        self._worker.submit(lambda: self._on_assignment(member, assignment, sent))
 
     def lost(self, member: Member) -> None:
         self.wake()
@@ -212,9 +206,22 @@ class Groups:
         group_id = self._settings.election_id(name) if election else self._settings.group_id(name)
         with self._lock:
             taken = key in self._members
+            shared = None if election else self._shared.get(name)
+        if taken:
+            raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
+        if shared is not None and shared.fatal is None and self._healthy(shared):
+            slot = shared.add(own_id, data)
+            with self._lock:
+                taken = slot is None or key in self._members
+                if not taken:
+                    self._members[key] = shared
+            if slot is None or taken:
+                raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
+            self._rejoin(shared)
+            return self._await(key, shared, slot, deadline)
         # An early answer for a member already seen; the group leader rejects any later duplicate.
-        known = self._roster_entries(group_id, deadline, settle=False)
-        if taken or own_id in {i for i, _ in known}:
+        known = self._rosters.entries(group_id, deadline, settle=False)
+        if own_id in {i for i, _ in known}:
             raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
         lease_view = (lambda: self.lease_view(name)) if election else None
         member = start_member(
@@ -236,27 +243,32 @@ class Groups:
             taken = key in self._members
             if not taken:
                 self._members[key] = member
+                if not election:
+                    self._shared[name] = member
         if taken:
             member.stop(self._channel, deadline)
             raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
         self.wake()
-        while not member.settled.wait(SETTLE_POLL) and time.monotonic() < deadline and not member.stopping:
+        return self._await(key, member, member.first, deadline)
+
+    def _await(self, key: Key, member: Member, slot: Slot, deadline: float) -> bool:
+        """Wait for ``slot``'s first outcome; give the slot up unless it was accepted."""
+        while not slot.settled.wait(SETTLE_POLL) and time.monotonic() < deadline and not member.stopping:
             pass
         if member.stopping:
-            raise SessionLostError(f"the session was lost while {own_id!r} was joining {name!r}")
-        outcome = member.outcome
-        accepted = member.assignment is not None and member.assignment.accepted
-        if member.settled.is_set() and isinstance(outcome, bool):
+            raise SessionLostError(f"the session was lost while {key[2]!r} was joining {key[1]!r}")
+        outcome = slot.outcome
+        if slot.settled.is_set() and isinstance(outcome, bool):
             return outcome
-        if accepted and not member.settled.is_set():
-            return False
+        if slot.since >= 0 and not slot.settled.is_set():
+            return False  # accepted; its claim of the lease is still under way
         with self._lock:
             if self._members.get(key) is member:
                 del self._members[key]
-        self._stop([member], time.monotonic() + min(self._settings.request_timeout, 2.0))
+        self._release(member, slot, time.monotonic() + min(self._settings.request_timeout, 2.0))
         if isinstance(outcome, BaseException):
-            raise translate(outcome, f"joining {name!r} as {own_id!r}")
-        raise timeout_error(f"{own_id!r} to join {name!r}")
+            raise translate(outcome, f"joining {key[1]!r} as {key[2]!r}")
+        raise timeout_error(f"{key[2]!r} to join {key[1]!r}")
 
     def _remove(self, key: Key) -> None:
         with self._lock:
@@ -264,9 +276,30 @@ class Groups:
         if member is None:
             kind = "candidate" if key[0] else "member"
             raise NotAMemberError(f"this session has no {kind} {key[2]!r} in {key[1]!r}")
-        error = self._stop([member], time.monotonic() + self._settings.request_timeout)
+        slot = member.slot(key[2])
+        error = self._release(member, slot, time.monotonic() + self._settings.request_timeout)
         if error is not None:
             raise error
+
+    def _release(self, member: Member, slot: Slot | None, deadline: float) -> ConsensusError | None:
+        """Give up ``slot``: the whole member if it was its last (see ``_stop``), else a departure
+        of the slot recorded and a rejoin without it; the error if the record failed."""
+        if slot is None or member.drop(slot) == 0:
+            with self._lock:
+                if self._shared.get(member.name) is member and not member.election:
+                    del self._shared[member.name]
+            return self._stop([member], deadline)
+        kafka_id = member.kafka_id
+        error = None
+        if kafka_id and slot.since >= 0:
+            departure = (member.group_id, f"{kafka_id}{ENTRY_SEP}{slot.token}")
+            error = self._departures.record([departure], deadline)
+        self._rejoin(member)
+        return error
+
+    def _rejoin(self, member: Member) -> None:
+        member.rejoin_at = time.monotonic()
+        self.wake()
 
     def _stop(self, doomed: list[Member], deadline: float) -> ConsensusError | None:
         """Vacate leases, record the departures, then leave; the error if the record failed."""
@@ -312,25 +345,34 @@ class Groups:
     def _healthy(self, member: Member) -> bool:
         return not (member.stopping or member.lost or member.overdue(self._settings.session_timeout))
 
-    def _on_assignment(self, member: Member, assignment: Assignment | None) -> None:
+    def _on_assignment(self, member: Member, assignment: Assignment | None, sent: dict[str, str]) -> None:
         if member.stopping or member.lost:
             return
-        if assignment is None or not assignment.accepted:
-            kind = "candidate" if member.election else "member"
-            member.settle(
-                MemberExistsError(f"a live {kind} {member.own_id!r} is already in {member.name!r}")
-                if assignment is not None
-                else ConsensusError(f"unreadable assignment in {member.group_id!r}")
-            )
+        kind = "candidate" if member.election else "member"
+        unsent = False
+        for slot in member.slots():
+            if slot.settled.is_set():
+                continue
+            if sent.get(slot.id) != slot.token:
+                unsent = True  # added after this JoinGroup went out: the next one names it
+            elif assignment is None:
+                slot.settle(ConsensusError(f"unreadable assignment in {member.group_id!r}"))
+            elif not assignment.accepted or slot.token in assignment.rejected:
+                slot.settle(MemberExistsError(f"a live {kind} {slot.id!r} is already in {member.name!r}"))
+            elif not member.election:
+                slot.settle(True)
+        if unsent:
+            self._rejoin(member)
+        if not member.election or assignment is None or not assignment.accepted:
             return
-        if not member.election or assignment.leader != member.kafka_id:
-            member.settle(not member.election)
+        if assignment.leader != member.kafka_id:
+            member.first.settle(False)
             return
         stable = member.generation_if_stable()
         if stable is None or stable.generation_id != assignment.generation:
             return
         if self._claim(member, assignment):
-            member.settle(True)
+            member.first.settle(True)
         else:
             member.rejoin_at = time.monotonic() + CLAIM_RETRY
             self.wake()
@@ -350,39 +392,7 @@ class Groups:
             log.info("claiming the lease of %r failed (%s); retrying", member.name, exc)
             return False
 
-    def _describe(self, group_id: str, deadline: float) -> GroupView:
-        try:
-            return self._channel.describe([group_id], deadline)[group_id]
-        except kerrors.KafkaError as exc:
-            raise translate(exc, f"describing group {group_id!r}") from None
 
-    def _roster_entries(
-        self, group_id: str, deadline: float, *, settle: bool = True
-    ) -> list[tuple[str, bytes]]:
-        """(id, data) of the accepted members. While members never seen in a Stable roster are joining,
-        wait (at most ``session_timeout`` plus a second) for the rebalance to end if ``settle``, else
-        answer at once from the last Stable roster this session saw. Departed members are left out."""
-        settle_within = (
-            min(self._settings.request_timeout, self._settings.session_timeout + 1) if settle else 0.0
-        )
-        settle_by = time.monotonic() + settle_within
-        while True:
-            view = self._describe(group_id, deadline)
-            if view.state in GONE:
-                return []
-            present = set(view.members) - self._state.departed(group_id)
-            if view.state == STABLE:
-                roster = Roster.of(group_id, view)
-                with self._lock:
-                    self._rosters[group_id] = roster
-                return list(roster.present(present).items())
-            with self._lock:
-                cached = self._rosters.get(group_id)
-            give_up = time.monotonic() + SETTLE_POLL >= settle_by
-            if cached is not None and (present <= cached.known or give_up):
-                return list(cached.present(present).items())
-            if give_up:
-                if not settle:
-                    return []
-                raise timeout_error(f"the rebalance of group {group_id!r} to end")
-            time.sleep(SETTLE_POLL)
+def _distinct(members: Iterable[Member]) -> list[Member]:
+    """``members`` without repeats (one Member carries all of a session's members of a group)."""
+    return list({id(member): member for member in members}.values())

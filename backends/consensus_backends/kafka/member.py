@@ -1,8 +1,10 @@
 """One group member on the real Kafka group protocol (a ``BaseCoordinator``).
 
-Each joined member and each candidate is its own Kafka group member with its
-own connection: a JoinGroup the broker parks during a rebalance blocks its
-connection, and must not hold up another member's heartbeats. The driver
+Each candidate, and each session's members of one group together (one
+:class:`Slot` each, see :mod:`consensus_backends.kafka.protocol`), are a Kafka
+group member with its own connection: a JoinGroup the broker parks during a
+rebalance blocks its connection, and must not hold up another member's
+heartbeats. The driver
 thread (:mod:`consensus_backends.kafka.driver`) calls :meth:`Member.drive` every tick,
 which starts ``ensure_active_group`` on the IO thread when a (re)join is due
 and polls the heartbeat; the hooks kafka-python runs on its IO thread only
@@ -14,6 +16,7 @@ A member that the broker drops (``UNKNOWN_MEMBER_ID`` after it had joined) is
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -34,6 +37,7 @@ from consensus_backends.kafka.protocol import (
     NO_RANK,
     PROTOCOL_NAME,
     Assignment,
+    Entry,
     LeaseView,
     Metadata,
     assign,
@@ -45,13 +49,38 @@ from consensus_backends.kafka.settings import Settings
 log = logging.getLogger("consensus_api.kafka")
 
 ENSURE_MS = 1000
+_TOKENS = itertools.count(1)
+
+
+class Slot:
+    """One member (or candidate) a :class:`Member` carries, and the outcome its join waits for."""
+
+    def __init__(self, member_id: str, data: bytes) -> None:
+        self.id = member_id
+        self.data = data
+        self.token = str(next(_TOKENS))
+        self.at = time.time() * 1000
+        self.since = -1
+        self.settled = threading.Event()
+        self.outcome: bool | BaseException = False
+
+    def settle(self, outcome: bool | BaseException) -> None:
+        """Record what ``join`` / ``nominate`` waits for (the first outcome only)."""
+        if not self.settled.is_set():
+            self.outcome = outcome
+            self.settled.set()
+
+    def entry(self) -> Entry:
+        """The slot as its member's metadata names it."""
+        return Entry(self.id, self.token, self.since, self.at, self.data)
 
 
 class Hooks(Protocol):
     """What a member reports to its backend; every call returns at once (IO thread)."""
 
-    def assigned(self, member: Member, assignment: Assignment | None) -> None:
-        """``member`` completed a join with ``assignment``."""
+    def assigned(self, member: Member, assignment: Assignment | None, sent: dict[str, str]) -> None:
+        """``member`` completed a join with ``assignment``; ``sent``: id -> token of the slots its
+        JoinGroup named."""
 
     def lost(self, member: Member) -> None:
         """The broker dropped ``member``."""
@@ -95,11 +124,11 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         self.lost = False
         self.fatal: BaseException | None = None
         self.assignment: Assignment | None = None
-        self.settled = threading.Event()
-        self.outcome: bool | BaseException = False
         self.rejoin_at: float | None = None
         self.completed_at = 0.0
-        self._data = data
+        self._slots_lock = threading.Lock()
+        self._slots: dict[str, Slot] = {own_id: Slot(own_id, data)} if own_id else {}
+        self._sent: dict[str, str] = {}
         self._hooks = hooks
         self._lease_view = lease_view
         self._joined_at = time.time() * 1000
@@ -123,11 +152,35 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         last = max(self.heartbeat.last_receive, self.heartbeat.last_reset)
         return self.state is MemberState.STABLE and time.monotonic() - last > limit
 
-    def settle(self, outcome: bool | BaseException) -> None:
-        """Record what ``join`` / ``nominate`` waits for (the first outcome only)."""
-        if not self.settled.is_set():
-            self.outcome = outcome
-            self.settled.set()
+    @property
+    def first(self) -> Slot:
+        """The slot the member was created with (a candidate's only one)."""
+        return next(iter(self._slots.values()))
+
+    def slot(self, member_id: str) -> Slot | None:
+        """The slot of ``member_id``, if this member carries it."""
+        with self._slots_lock:
+            return self._slots.get(member_id)
+
+    def slots(self) -> list[Slot]:
+        """Every slot this member carries."""
+        with self._slots_lock:
+            return list(self._slots.values())
+
+    def add(self, member_id: str, data: bytes) -> Slot | None:
+        """A new slot for ``member_id``, sent with the next JoinGroup (None if it has one)."""
+        with self._slots_lock:
+            if member_id in self._slots:
+                return None
+            slot = self._slots[member_id] = Slot(member_id, data)
+        return slot
+
+    def drop(self, slot: Slot) -> int:
+        """Stop carrying ``slot``; how many slots remain."""
+        with self._slots_lock:
+            if self._slots.get(slot.id) is slot:
+                del self._slots[slot.id]
+            return len(self._slots)
 
     def drive(self) -> None:
         """One driver tick: start a (re)join when due, poll the heartbeat. Never blocks."""
@@ -139,7 +192,8 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
             if done.exception is not None and not isinstance(done.exception, kerrors.RetriableError):
                 log.warning("joining Kafka group %s failed: %s", self.group_id, type(done.exception).__name__)
                 self.fatal = done.exception
-                self.settle(done.exception)
+                for slot in self.slots():
+                    slot.settle(done.exception)
                 return
         if self.rejoin_at is not None and time.monotonic() >= self.rejoin_at:
             self.rejoin_at = None
@@ -191,14 +245,16 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
 
     def group_protocols(self) -> list[tuple[str, bytes]]:
         last = self.assignment
+        with self._slots_lock:
+            slots = list(self._slots.values())
+            self._sent = {slot.id: slot.token for slot in slots}
         metadata = Metadata(
-            id=self.own_id,
+            entries=tuple(slot.entry() for slot in slots),
             at=self._joined_at,
             since=self._since,
             seen=last.generation if last else -1,
             rank=last.rank if last else NO_RANK,
             lease=self._lease_view() if self._lease_view else (0, None),
-            data=self._data,
         )
         return [(PROTOCOL_NAME, encode_metadata(metadata))]
 
@@ -217,9 +273,16 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         assignment = decode_assignment(bytes(member_assignment_bytes))
         if assignment is not None and assignment.accepted and self._since < 0:
             self._since = assignment.generation
+        with self._slots_lock:
+            sent = dict(self._sent)
+            if assignment is not None and assignment.accepted:
+                for slot in self._slots.values():
+                    named = sent.get(slot.id) == slot.token
+                    if named and slot.since < 0 and slot.token not in assignment.rejected:
+                        slot.since = assignment.generation
         self.assignment = assignment
         self.completed_at = time.monotonic()
-        self._hooks.assigned(self, assignment)
+        self._hooks.assigned(self, assignment, sent)
 
     def need_rejoin(self) -> bool:
         return not (self.stopping or self.lost) and bool(super().need_rejoin())

@@ -4,24 +4,33 @@ Membership groups use protocol type ``consensus-group``, elections
 ``consensus-election``; both have one sub-protocol, ``v1``.
 
 *Metadata* (what a member sends in JoinGroup) is a 4-byte big-endian length,
-a JSON header and the member's data::
+a JSON header and the entries' data, concatenated::
 
-    {"id": member or candidate id, "at": join time (ms), "since": generation
-     first accepted in or -1, "seen": last generation assigned or -1,
-     "rank": place in the candidate queue of that generation or -1,
-     "lease": [term, Kafka member id of the lease holder or null]}
+    {"e": [[id, token, since, at, data length], ...], "at": join time (ms),
+     "since": generation first accepted in or -1, "seen": last generation
+     assigned or -1, "rank": place in the candidate queue of that generation
+     or -1, "lease": [term, Kafka member id of the lease holder or null]}
+
+One Kafka member carries every member one session joined to one group (an
+*entry* each: member id, a token unique to that join, the generation that
+first accepted it or -1, its join time); a candidate is a Kafka member of
+its own with one entry. A session's join adds an entry to its Kafka member
+of that group and rejoins (one rebalance of the session-level members, not
+of every member), so a group of thousands of members has as many Kafka
+members as sessions joined it, and what the broker stores grows by about
+50 bytes per entry.
 
 *Assignment* (what the group leader gives each member) is JSON:
 ``{"gen", "ok": accepted, "leader": Kafka member id or null, "prev": term,
-"rank": place in the candidate queue or -1}``. Both are of constant size, so
-what the broker stores for a group (every member's metadata and assignment)
-grows linearly with its members; an observer learns the roster from
-DescribeGroups (each member's id and data from its metadata, whether it was
-accepted from its assignment).
+"rank": place in the candidate queue or -1, "no": tokens of rejected
+entries}``: of constant size unless entries are rejected. An observer learns
+the roster from DescribeGroups (each entry's id and data from its member's
+metadata, minus the entries its assignment rejected).
 
 The group leader computes the assignment from the members' metadata alone:
-duplicate ids are resolved in favour of the member accepted earliest (the
-others are not ``ok`` and raise ``MemberExistsError``); for elections the
+duplicate ids are resolved in favour of the entry accepted earliest (the
+others are rejected and raise ``MemberExistsError``); a member is ``ok`` while
+one of its entries is accepted; for elections the
 candidate queue keeps the order of the newest generation any member saw
 (members that saw it, by their rank) and appends newcomers by join time, the
 lease holder stays leader while it is a member (sticky), and ``prev`` is the
@@ -48,17 +57,31 @@ NO_RANK = -1
 LeaseView = tuple[int, str | None]
 
 
+#: Separates a Kafka member id from an entry's token in a departure of one entry.
+ENTRY_SEP = "#"
+
+
 @dataclass(frozen=True, slots=True)
-class Metadata:
-    """What one member tells the group leader."""
+class Entry:
+    """One member (or candidate) a Kafka member carries."""
 
     id: str
+    token: str
+    since: int = -1
+    at: float = 0.0
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """What one Kafka member tells the group leader."""
+
+    entries: tuple[Entry, ...]
     at: float
     since: int = -1
     seen: int = -1
     rank: int = NO_RANK
     lease: LeaseView = (0, None)
-    data: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,52 +93,56 @@ class Assignment:
     leader: str | None = None
     prev: int = 0
     rank: int = NO_RANK
+    rejected: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
 class Roster:
-    """The accepted members of a group as of a Stable description (Kafka member ids as keys)."""
+    """The accepted entries of a group as of a Stable description, by Kafka member id."""
 
-    ids: dict[str, str]
-    data: dict[str, bytes]
+    entries: dict[str, tuple[Entry, ...]]
     known: frozenset[str]
 
     @classmethod
     def of(cls, group_id: str, view: GroupView) -> Roster:
-        """Read a Stable group: each member's assignment says whether it was accepted, its metadata
-        names it and carries its data. ``ConsensusError`` if the group speaks another protocol."""
+        """Read a Stable group: each member's metadata names its entries and carries their data, its
+        assignment says which were rejected. ``ConsensusError`` if the group speaks another protocol."""
         if view.protocol_type not in (GROUP_TYPE, ELECTION_TYPE):
             raise ConsensusError(
                 f"Kafka group {group_id!r} belongs to another protocol ({view.protocol_type})"
             )
-        ids: dict[str, str] = {}
-        data: dict[str, bytes] = {}
+        entries: dict[str, tuple[Entry, ...]] = {}
         for kid, (raw_metadata, raw_assignment) in view.members.items():
             assignment = decode_assignment(raw_assignment)
             metadata = decode_metadata(raw_metadata)
             if assignment is not None and assignment.accepted and metadata is not None:
-                ids[kid] = metadata.id
-                data[kid] = metadata.data
-        return cls(ids, data, frozenset(view.members))
+                entries[kid] = tuple(e for e in metadata.entries if e.token not in assignment.rejected)
+        return cls(entries, frozenset(view.members))
 
-    def present(self, kafka_ids: set[str]) -> dict[str, bytes]:
-        """Member id -> data of the accepted members among ``kafka_ids``."""
-        return {self.ids[kid]: self.data[kid] for kid in sorted(kafka_ids) if kid in self.ids}
+    def present(self, kafka_ids: set[str], departed: frozenset[str] = frozenset()) -> dict[str, bytes]:
+        """Member id -> data of the accepted entries of ``kafka_ids`` not in ``departed``."""
+        return {
+            entry.id: entry.data
+            for kid in sorted(kafka_ids)
+            for entry in self.entries.get(kid, ())
+            if f"{kid}{ENTRY_SEP}{entry.token}" not in departed
+        }
 
 
 def encode_metadata(metadata: Metadata) -> bytes:
     """The JoinGroup metadata bytes."""
     header = json.dumps(
         {
-            "id": metadata.id,
+            "e": [[e.id, e.token, e.since, e.at, len(e.data)] for e in metadata.entries],
             "at": metadata.at,
             "since": metadata.since,
             "seen": metadata.seen,
             "rank": metadata.rank,
             "lease": list(metadata.lease),
-        }
+        },
+        separators=(",", ":"),
     ).encode()
-    return struct.pack(">I", len(header)) + header + metadata.data
+    return struct.pack(">I", len(header)) + header + b"".join(e.data for e in metadata.entries)
 
 
 def decode_metadata(raw: bytes) -> Metadata | None:
@@ -124,14 +151,21 @@ def decode_metadata(raw: bytes) -> Metadata | None:
         (size,) = struct.unpack_from(">I", raw)
         header: Any = json.loads(raw[4 : 4 + size])
         term, holder = header["lease"]
+        offset = 4 + size
+        entries = []
+        for member_id, token, since, at, length in header["e"]:
+            end = offset + int(length)
+            if end > len(raw):
+                return None
+            entries.append(Entry(str(member_id), str(token), int(since), float(at), bytes(raw[offset:end])))
+            offset = end
         return Metadata(
-            id=str(header["id"]),
+            entries=tuple(entries),
             at=float(header["at"]),
             since=int(header["since"]),
             seen=int(header["seen"]),
             rank=int(header["rank"]),
             lease=(int(term), None if holder is None else str(holder)),
-            data=bytes(raw[4 + size :]),
         )
     except (struct.error, ValueError, KeyError, TypeError):
         return None
@@ -146,7 +180,9 @@ def encode_assignment(assignment: Assignment) -> bytes:
             "leader": assignment.leader,
             "prev": assignment.prev,
             "rank": assignment.rank,
-        }
+            "no": sorted(assignment.rejected),
+        },
+        separators=(",", ":"),
     ).encode()
 
 
@@ -164,6 +200,7 @@ def decode_assignment(raw: bytes) -> Assignment | None:
             leader=None if leader is None else str(leader),
             prev=int(data["prev"]),
             rank=int(data["rank"]),
+            rejected=frozenset(str(token) for token in data["no"]),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -175,20 +212,35 @@ def assign(
     """Every member's assignment for ``generation`` (Kafka member id -> bytes)."""
     decoded = {kid: decode_metadata(raw) for kid, raw in members}
     valid = {kid: meta for kid, meta in decoded.items() if meta is not None}
-    winners: dict[str, str] = {}
-    for kid, meta in sorted(valid.items(), key=lambda item: _seniority(item[0], item[1])):
-        winners.setdefault(meta.id, kid)
-    accepted = set(winners.values())
+    winners: dict[str, tuple[str, str]] = {}
+    rejected: dict[str, set[str]] = {kid: set() for kid in valid}
+    ranked = sorted(
+        ((kid, entry) for kid, meta in valid.items() for entry in meta.entries),
+        key=lambda item: _seniority(*item),
+    )
+    for kid, entry in ranked:
+        if winners.setdefault(entry.id, (kid, entry.token)) != (kid, entry.token):
+            rejected[kid].add(entry.token)
+    accepted = {kid for kid, meta in valid.items() if len(rejected[kid]) < len(meta.entries)}
     leader, term, queue = _elect(accepted, valid, own_lease) if election else (None, 0, [])
     ranks = {kid: rank for rank, kid in enumerate(queue)}
     return {
-        kid: encode_assignment(Assignment(generation, kid in accepted, leader, term, ranks.get(kid, NO_RANK)))
+        kid: encode_assignment(
+            Assignment(
+                generation,
+                kid in accepted,
+                leader,
+                term,
+                ranks.get(kid, NO_RANK),
+                frozenset(rejected.get(kid, ())),
+            )
+        )
         for kid in decoded
     }
 
 
-def _seniority(kid: str, meta: Metadata) -> tuple[int, float, str]:
-    return (meta.since if meta.since >= 0 else 1 << 62, meta.at, kid)
+def _seniority(kid: str, entry: Entry) -> tuple[int, float, str, str]:
+    return (entry.since if entry.since >= 0 else 1 << 62, entry.at, kid, entry.token)
 
 
 def _elect(

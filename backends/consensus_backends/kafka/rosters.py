@@ -1,0 +1,73 @@
+"""How a session reads a group's members: DescribeGroups, the last Stable roster, departures.
+
+While the group is Stable every Kafka member's metadata (its entries: id,
+data) and its own assignment (the entries the group leader rejected) are
+visible; during a rebalance only the Kafka member ids are, so the last Stable
+roster is used for members still present, and a reader waits (at most
+``session_timeout`` plus a second) when a Kafka member it has never seen is
+joining. Entries and Kafka members recorded as departed in the command log are
+never reported (:mod:`consensus_backends.kafka.departures`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import kafka.errors as kerrors
+
+from consensus_backends.kafka.channel import GONE, STABLE, Channel, GroupView
+from consensus_backends.kafka.errors import timeout_error, translate
+from consensus_backends.kafka.protocol import Roster
+from consensus_backends.kafka.settings import Settings
+from consensus_backends.kafka.state import StateMachine
+
+SETTLE_POLL = 0.05
+
+
+class Rosters:
+    """Reads groups for one session and remembers each group's last Stable roster. Thread-safe."""
+
+    def __init__(self, settings: Settings, channel: Channel, state: StateMachine) -> None:
+        self._settings = settings
+        self._channel = channel
+        self._state = state
+        self._lock = threading.Lock()
+        self._last: dict[str, Roster] = {}
+
+    def describe(self, group_id: str, deadline: float) -> GroupView:
+        """One DescribeGroups answer for ``group_id``; Kafka errors as consensus_api errors."""
+        try:
+            return self._channel.describe([group_id], deadline)[group_id]
+        except kerrors.KafkaError as exc:
+            raise translate(exc, f"describing group {group_id!r}") from None
+
+    def entries(self, group_id: str, deadline: float, *, settle: bool = True) -> list[tuple[str, bytes]]:
+        """(id, data) of the accepted members. While members never seen in a Stable roster are joining,
+        wait (at most ``session_timeout`` plus a second) for the rebalance to end if ``settle``, else
+        answer at once from the last Stable roster this session saw. Departed members are left out."""
+        settle_within = (
+            min(self._settings.request_timeout, self._settings.session_timeout + 1) if settle else 0.0
+        )
+        settle_by = time.monotonic() + settle_within
+        while True:
+            view = self.describe(group_id, deadline)
+            if view.state in GONE:
+                return []
+            departed = self._state.departed(group_id)
+            present = set(view.members) - departed
+            if view.state == STABLE:
+                roster = Roster.of(group_id, view)
+                with self._lock:
+                    self._last[group_id] = roster
+                return list(roster.present(present, departed).items())
+            with self._lock:
+                cached = self._last.get(group_id)
+            give_up = time.monotonic() + SETTLE_POLL >= settle_by
+            if cached is not None and (present <= cached.known or give_up):
+                return list(cached.present(present, departed).items())
+            if give_up:
+                if not settle:
+                    return []
+                raise timeout_error(f"the rebalance of group {group_id!r} to end")
+            time.sleep(SETTLE_POLL)
