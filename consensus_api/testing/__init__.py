@@ -48,7 +48,7 @@ SERVER_NAMES = ("postgresql", "mariadb", "zookeeper", "etcd", "kafka")
 #: The servers with a secure variant (``start_server(name, secure=True)``).
 SECURE_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
 #: The servers whose launcher also starts a replicated cluster (``start_cluster``).
-CLUSTER_NAMES = ("zookeeper",)
+CLUSTER_NAMES = ("zookeeper", "kafka")
 #: What ``start_store`` starts: a database file (no process) or one of the servers.
 STORE_NAMES = ("sqlite", *SERVER_NAMES)
 #: The extra that brings the launchers' dependencies.
