@@ -32,6 +32,7 @@ __all__ = [
     "CLUSTER_NAMES",
     "SECURE_NAMES",
     "SERVER_NAMES",
+    "SESSION_ROLE_NAMES",
     "STORE_NAMES",
     "DatabaseFile",
     "ServerHandle",
@@ -49,6 +50,8 @@ SERVER_NAMES = ("postgresql", "mariadb", "zookeeper", "etcd", "kafka")
 SECURE_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
 #: The servers whose launcher also starts a replicated cluster (``start_cluster``).
 CLUSTER_NAMES = ("zookeeper", "kafka")
+#: The servers whose cluster launcher names the nodes holding a session's roles (``holders``).
+SESSION_ROLE_NAMES = ("kafka",)
 #: What ``start_store`` starts: a database file (no process) or one of the servers.
 STORE_NAMES = ("sqlite", *SERVER_NAMES)
 #: The extra that brings the launchers' dependencies.

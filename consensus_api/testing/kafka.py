@@ -312,3 +312,10 @@ def serves_session(port: int, identity: Mapping[str, Any]) -> bool:
     from consensus_api.testing.kafka_cluster import serves_session as serves  # noqa: PLC0415 - clusters only
 
     return serves(port, identity)
+
+
+def holders(port: int, identity: Mapping[str, Any]) -> dict[str, int]:
+    """The cluster nodes holding a session's roles (``kafka_cluster.holders``)."""
+    from consensus_api.testing.kafka_cluster import holders as held  # noqa: PLC0415 - clusters only
+
+    return held(port, identity)

@@ -287,7 +287,7 @@ def log_leader(port: int, topic: str) -> int | None:
         return None
     try:
         [described] = admin.describe_topics([topic])
-        leaders = [p["leader"] for p in described["partitions"] if p["partition"] == 0]
+        leaders = [p["leader_id"] for p in described["partitions"] if p["partition_index"] == 0]
     except (KafkaError, KeyError, ValueError):
         return None
     finally:
@@ -297,14 +297,15 @@ def log_leader(port: int, topic: str) -> int | None:
 
 def holders(port: int, identity: Mapping[str, Any]) -> dict[str, int]:
     """The roles a Kafka session depends on and the node ids holding them, as the broker at ``port``
-    says: ``"group coordinator"`` (of its first group member) and ``"command-log leader"``."""
+    says (``cluster.SESSION_ROLES``): ``"coordinator"`` (the group coordinator of its first group
+    member) and ``"log leader"`` (the leader of its command-log partition)."""
     found: dict[str, int] = {}
     members = identity.get("members") or []
     if members and (node := group_coordinator(port, str(members[0][0]))) is not None:
-        found["group coordinator"] = node
+        found["coordinator"] = node
     topic = identity.get("topic")
     if isinstance(topic, str) and (node := log_leader(port, topic)) is not None:
-        found["command-log leader"] = node
+        found["log leader"] = node
     return found
 
 
@@ -318,4 +319,4 @@ def serves_session(port: int, identity: Mapping[str, Any]) -> bool:
         node = _node_id(logs)
     except (OSError, ValueError):
         return False
-    return holders(port, identity).get("command-log leader") == node
+    return holders(port, identity).get("log leader") == node
