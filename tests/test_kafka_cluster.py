@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 
 CHECK = """\
-import json, os
+import json, os, time
 from pathlib import Path
 from kafka.admin import KafkaAdminClient, NewTopic
 from consensus_api.testing.cluster import ClusterHandle
@@ -30,7 +30,10 @@ cluster.kill(leader)
 new = cluster.wait_leader(30, among=[n for n in cluster.ids if n != leader])
 cluster.restart(60, node=leader)
 assert cluster.status(new).term > epoch, (cluster.status(new), epoch)
-roles = cluster.holders({'members': [['g', 'm']], 'topic': 't'})
+deadline = time.monotonic() + 30  # the first FindCoordinator creates __consumer_offsets
+identity = {'members': [['g', 'm']], 'topic': 't'}
+while len(roles := cluster.holders(identity)) < 2 and time.monotonic() < deadline:
+    time.sleep(0.2)
 assert set(roles) == {'coordinator', 'log leader'} and set(roles.values()) <= set(cluster.ids), roles
 assert cluster.serving({'members': [], 'topic': 't'}) == roles['log leader']
 pids = [h.pid for h in cluster.nodes] + [cluster.links.pid]
