@@ -155,6 +155,8 @@ def _settings(
         "broker.heartbeat.interval.ms": str(BROKER_SESSION_MS // 8),
         "controller.quorum.fetch.timeout.ms": str(QUORUM_FETCH_MS),
         "controller.quorum.election.timeout.ms": str(QUORUM_FETCH_MS // 2),
+        # A link's proxy holds a connection to a dead peer open while it retries: give up on it sooner.
+        "controller.quorum.request.timeout.ms": str(QUORUM_FETCH_MS * 2 // 3),
     }
 
 
