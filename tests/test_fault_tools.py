@@ -287,13 +287,18 @@ def test_an_exception_in_a_prober_fails_its_fault_test(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "server", "declared"),
     [
-        ("sqlite:///x.db", None, {"requires_server", "secured_server", "freezes_a_writer", "cluster"}),
-        ("postgresql://u@127.0.0.1:5432/db", "postgresql", {"database_file", "cluster"}),
-        ("mariadb://u:pw@127.0.0.1:3306/db", "mariadb", {"database_file", "cluster"}),
-        ("zk://127.0.0.1:2181/ct", "zookeeper", {"database_file", "cluster"}),
-        ("zk://127.0.0.1:2181,127.0.0.1:2182/ct", "zookeeper", {"database_file"}),
-        ("etcd://127.0.0.1:2379/ct", "etcd", {"database_file", "cluster"}),
+        (
+            "sqlite:///x.db",
+            None,
+            {"requires_server", "secured_server", "freezes_a_writer", "cluster", "session_roles"},
+        ),
+        ("postgresql://u@127.0.0.1:5432/db", "postgresql", {"database_file", "cluster", "session_roles"}),
+        ("mariadb://u:pw@127.0.0.1:3306/db", "mariadb", {"database_file", "cluster", "session_roles"}),
+        ("zk://127.0.0.1:2181/ct", "zookeeper", {"database_file", "cluster", "session_roles"}),
+        ("zk://127.0.0.1:2181,127.0.0.1:2182/ct", "zookeeper", {"database_file", "session_roles"}),
+        ("etcd://127.0.0.1:2379/ct", "etcd", {"database_file", "cluster", "session_roles"}),
         ("kafka://127.0.0.1:9092/ct", "kafka", {"database_file", "cluster"}),
+        ("kafka://127.0.0.1:9092,127.0.0.1:9093/ct", "kafka", {"database_file"}),
     ],
 )
 def test_every_builtin_backend_declares_its_profile(

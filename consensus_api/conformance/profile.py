@@ -33,7 +33,7 @@ from typing import Any
 
 from consensus_api.config import BackendURL, Endpoint, parse_url
 from consensus_api.errors import ConfigurationError
-from consensus_api.testing import CLUSTER_NAMES, SERVER_NAMES
+from consensus_api.testing import CLUSTER_NAMES, SERVER_NAMES, SESSION_ROLE_NAMES
 
 #: What a test marked with each marker needs; a profile may declare any of them not applicable.
 MARKERS: Mapping[str, str] = {
@@ -44,6 +44,7 @@ MARKERS: Mapping[str, str] = {
     "secured_server": "a server with TLS and passwords (`consensus servers run NAME --secure`)",
     "freezes_a_writer": "a client frozen (SIGSTOP) at any moment, even inside a write, while others write on",
     "cluster": "a replicated cluster the suite controls per node (`consensus servers run NAME --nodes 3`)",
+    "session_roles": "a cluster whose nodes coordinate a session's group or lead its log besides the leader",
 }
 
 #: Why ``cluster`` tests do not apply to a URL naming fewer than two servers (``profile_for``).
@@ -143,6 +144,9 @@ def profile_for(url: str | BackendURL) -> TestProfile:
             reason = f"no launcher starts a cluster of {profile.server or profile.name} servers"
         if reason is not None:
             profile = replace(profile, not_applicable={**profile.not_applicable, "cluster": reason})
+    if "session_roles" not in profile.not_applicable and profile.server not in SESSION_ROLE_NAMES:
+        reason = f"no node of a {profile.server or profile.name} cluster holds a role for one session"
+        profile = replace(profile, not_applicable={**profile.not_applicable, "session_roles": reason})
     return profile
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "CLUSTER_NAMES",
     "SECURE_NAMES",
     "SERVER_NAMES",
+    "SESSION_ROLE_NAMES",
     "STORE_NAMES",
     "DatabaseFile",
     "ServerHandle",
@@ -69,7 +70,9 @@ SERVER_NAMES = (*BUILTIN_NAMES, *sorted(_PLUGINS))
 #: ``has_secure_variant``).
 SECURE_NAMES = ("postgresql", "zookeeper", "etcd", "kafka")
 #: The servers whose launcher also starts a replicated cluster (``start_cluster``).
-CLUSTER_NAMES = ("zookeeper", "etcd")
+CLUSTER_NAMES = ("zookeeper", "etcd", "kafka")
+#: The servers whose cluster launcher names the nodes holding a session's roles (``holders``).
+SESSION_ROLE_NAMES = ("kafka",)
 #: What ``start_store`` starts: a database file (no process) or one of the servers.
 STORE_NAMES = ("sqlite", *SERVER_NAMES)
 #: The extra that brings the launchers' dependencies.

@@ -17,7 +17,9 @@ A launcher that starts clusters (``consensus_api.testing.CLUSTER_NAMES``)
 provides ``start_cluster(workdir, nodes)``, ``status(port) -> NodeStatus |
 None`` (the node's role and the server-side term it knows) and
 ``serves_session(port, identity) -> bool`` (whether the node holds the client
-connection of the session ``Backend.fault_identity()`` describes).
+connection of the session ``Backend.fault_identity()`` describes), and may provide
+``holders(port, identity) -> {role: node}`` (the nodes holding the session's
+``SESSION_ROLES``, as the node at ``port`` says).
 
 ``write_control(path)`` describes the cluster in a JSON control file (every
 node's own control file beside it, the links' socket); ``ClusterHandle.attach``
@@ -41,6 +43,9 @@ from consensus_api.testing.links import Links
 
 #: Roles a node reports (``NodeStatus.role``); anything else (looking, candidate...) does not serve.
 LEADER, FOLLOWER = "leader", "follower"
+#: Roles a server may hold for one session, besides leading (``ClusterHandle.holders``): the node
+#: coordinating its group membership, the node leading the log its writes go to.
+SESSION_ROLES = ("coordinator", "log leader")
 #: How often ``wait_ready`` and ``wait_leader`` ask the nodes.
 POLL = 0.05
 
@@ -82,6 +87,7 @@ class ClusterHandle:
         *,
         status: Callable[[int], NodeStatus | None],
         serves_session: Callable[[int, Mapping[str, Any]], bool],
+        holders: Callable[[int, Mapping[str, Any]], dict[str, int]] | None = None,
     ) -> None:
         self.name = name
         self.url = url
@@ -95,6 +101,7 @@ class ClusterHandle:
         self.proxy_target = self.nodes[0].proxy_target
         self._status = status
         self._serves_session = serves_session
+        self._holders = holders
         self._control: Path | None = None
 
     def __repr__(self) -> str:
@@ -148,6 +155,16 @@ class ClusterHandle:
         """The node holding the client connection of the session ``identity`` describes
         (``Backend.fault_identity()``), or None."""
         return next((n for n in self.ids if self._serves_session(self.node(n).port, identity)), None)
+
+    def holders(self, identity: Mapping[str, Any]) -> dict[str, int]:
+        """The session roles of ``identity`` (``SESSION_ROLES``) and the nodes holding them, as the first
+        node that answers says; empty when the launcher names none or no node answers."""
+        if self._holders is None:
+            return {}
+        for handle in self.nodes:
+            if found := self._holders(handle.port, identity):
+                return found
+        return {}
 
     # Faults: on one node, or on every node when ``node`` is None
 
@@ -274,6 +291,7 @@ class ClusterHandle:
             Links.attach(data["links"]),
             status=launcher.status,
             serves_session=launcher.serves_session,
+            holders=getattr(launcher, "holders", None),
         )
 
 

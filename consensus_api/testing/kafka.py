@@ -32,7 +32,9 @@ import secrets
 import socket
 import tempfile
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from consensus_api.testing._process import (
@@ -44,6 +46,9 @@ from consensus_api.testing._process import (
     launch,
     run_checked,
 )
+
+if TYPE_CHECKING:
+    from consensus_api.testing.cluster import ClusterHandle, NodeStatus
 
 START_TIMEOUT = 90.0
 POM = Path(__file__).with_name("kafka-pom.xml")
@@ -286,3 +291,31 @@ def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
             handle.stop()
             raise
     return handle
+
+
+def start_cluster(workdir: Path | None = None, nodes: int = 3) -> ClusterHandle:
+    """A cluster of ``nodes`` KRaft nodes (``consensus_api.testing.kafka_cluster``)."""
+    from consensus_api.testing.kafka_cluster import start_cluster as start  # noqa: PLC0415 - clusters only
+
+    return start(workdir, nodes)
+
+
+def status(port: int) -> NodeStatus | None:
+    """A cluster node's KRaft role and epoch (``kafka_cluster.status``)."""
+    from consensus_api.testing.kafka_cluster import status as node_status  # noqa: PLC0415 - clusters only
+
+    return node_status(port)
+
+
+def serves_session(port: int, identity: Mapping[str, Any]) -> bool:
+    """Whether a cluster node leads the session's command log (``kafka_cluster.serves_session``)."""
+    from consensus_api.testing.kafka_cluster import serves_session as serves  # noqa: PLC0415 - clusters only
+
+    return serves(port, identity)
+
+
+def holders(port: int, identity: Mapping[str, Any]) -> dict[str, int]:
+    """The cluster nodes holding a session's roles (``kafka_cluster.holders``)."""
+    from consensus_api.testing.kafka_cluster import holders as held  # noqa: PLC0415 - clusters only
+
+    return held(port, identity)

@@ -257,10 +257,13 @@ class KafkaBackend(Backend):
         return profile.KAFKA
 
     def fault_identity(self) -> dict[str, object]:
-        """The session's Kafka group members: ``{"members": [[group id, member id], ...]}``, and with TLS
+        """The session's Kafka group members: ``{"members": [[group id, member id], ...]}``, its command-log
+        topic (``"topic"``), and with TLS
         the file options ``tls_ca``, ``tls_cert``, ``tls_key`` (paths) and ``sasl_mechanism`` (tests only)."""
         members = self._groups.members() if self._groups is not None else []
         identity: dict[str, object] = {"members": [[m.group_id, m.kafka_id] for m in members if m.kafka_id]}
+        if self._kafka is not None:
+            identity["topic"] = self._kafka.topic
         security = self.settings.security
         if security.tls:
             identity["tls"] = {name: getattr(security, name) for name in ("tls_ca", "tls_cert", "tls_key")}

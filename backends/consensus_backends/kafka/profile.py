@@ -55,6 +55,5 @@ KAFKA = TestProfile(
     unreachable_url=moved_to_free_port,
     not_applicable={
         "database_file": "a database-file fault (SQLite only)",
-        "cluster": "no Kafka cluster launcher yet (issue 15: the ZooKeeper ensemble came first)",
     },
 )
