@@ -217,6 +217,18 @@ class ClusterHandle:
                 raise RuntimeError(f"{self.name} cluster not serving after {timeout}s: {statuses}")
             time.sleep(POLL)
 
+    def start(self, timeout: float) -> Self:
+        """Spawn every node and wait until the cluster serves (``wait_ready``); if it does not, stop
+        everything (data removed) and raise."""
+        try:
+            for handle in self.nodes:
+                handle.spawn()
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
     def isolate(self, node: int) -> None:
         """Partition node ``node`` from the others: its links stall (connections stay open); clients
         still reach it."""

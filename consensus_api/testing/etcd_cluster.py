@@ -17,7 +17,6 @@ single member.
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -51,18 +50,9 @@ def start_cluster(workdir: Path | None, nodes: int) -> ClusterHandle:
     initial = ",".join(f"n{n}=http://{HOST}:{advertised[n]}" for n in ids)
     handles = [_member(n, directory / f"node{n}", client[n], (own[n], advertised[n]), initial) for n in ids]
     url = "etcd://" + ",".join(f"{HOST}:{client[n]}" for n in ids)
-    cluster = ClusterHandle(
+    return ClusterHandle(
         "etcd", url, handles, directory, link_process, status=status, serves_session=serves_session
-    )
-    try:
-        for handle in handles:
-            handle.spawn()
-        cluster.wait_ready(START_TIMEOUT)
-    except BaseException:
-        cluster.stop()
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-    return cluster
+    ).start(START_TIMEOUT)
 
 
 def _member(node: int, directory: Path, client: int, peer: tuple[int, int], initial: str) -> ServerHandle:

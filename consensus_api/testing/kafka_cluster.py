@@ -104,17 +104,9 @@ def start_cluster(workdir: Path | None, nodes: int) -> ClusterHandle:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     url = "kafka://" + ",".join(f"{HOST}:{client[n]}" for n in ids)
-    cluster = ClusterHandle(
+    return ClusterHandle(
         "kafka", url, handles, directory, link_process, status=status, serves_session=serves_session
-    )
-    try:
-        for handle in handles:
-            handle.spawn()
-        cluster.wait_ready(START_TIMEOUT)
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
+    ).start(START_TIMEOUT)
 
 
 def _settings(

@@ -63,17 +63,9 @@ def start_ensemble(workdir: Path | None, nodes: int) -> ClusterHandle:
         shutil.rmtree(directory, ignore_errors=True)
         raise
     url = "zookeeper://" + ",".join(f"{HOST}:{client[n]}" for n in ids)
-    cluster = ClusterHandle(
+    return ClusterHandle(
         "zookeeper", url, handles, directory, link_process, status=status, serves_session=serves_session
-    )
-    try:
-        for handle in handles:
-            handle.spawn()
-        cluster.wait_ready(START_TIMEOUT)
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
+    ).start(START_TIMEOUT)
 
 
 def _peers(node: int, own: dict[int, tuple[int, int]], view: dict[tuple[int, int], tuple[int, int]]) -> str:
