@@ -122,7 +122,8 @@ def test_cluster_marker_is_declared_for_single_servers_and_backends_without_a_la
     assert profile_for("zookeeper://127.0.0.1:2181").not_applicable["cluster"] == SINGLE_SERVER
     assert "cluster" not in profile_for("zookeeper://127.0.0.1:1,127.0.0.1:2").not_applicable
     assert "cluster" not in profile_for("etcd://127.0.0.1:1,127.0.0.1:2").not_applicable
-    assert "cluster" in profile_for("kafka://127.0.0.1:1,127.0.0.1:2").not_applicable
+    assert "cluster" not in profile_for("kafka://127.0.0.1:1,127.0.0.1:2").not_applicable
+    assert "cluster" in profile_for("mariadb://u:p@127.0.0.1:1,127.0.0.1:2/db").not_applicable
     assert profile_for("postgresql://u@127.0.0.1:1,127.0.0.1:2/db").not_applicable["cluster"]
 
 
@@ -195,7 +196,7 @@ def _until(check: Callable[[], bool], timeout: float) -> None:
     ("server", "nodes", "faults", "message"),
     [
         ("zookeeper", 1, {"leader-kill"}, "need --nodes 3"),
-        ("kafka", 3, {"kill"}, "--nodes needs"),
+        ("mariadb", 3, {"kill"}, "--nodes needs"),
         ("zookeeper", 4, {"partition"}, "--nodes needs"),
     ],
 )
