@@ -25,6 +25,8 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -113,22 +115,29 @@ def settle_and_record(worker: Worker) -> None:
         worker.event(GROUP, FINAL, key=worker.plan.group, members=sorted(members))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="consensus_api.history.client")
-    for name in ("--journal", "--prefix"):
-        parser.add_argument(name, required=True)
-    for name in ("--client", "--clients", "--keys", "--spawn", "--t0-ns", "--seed"):
-        parser.add_argument(name, type=int, required=True)
-    for name in ("--key-period", "--session-timeout", "--request-timeout", "--think", "--lifetime"):
-        parser.add_argument(name, type=float, required=True)
-    args = parser.parse_args(argv)
+@dataclass(frozen=True)
+class Workload:
+    """What a chaos client does with its session: ``run(commands, deadline)`` until told to stop (or
+    out of time), then ``final()`` records its final markers."""
+
+    run: Callable[[Commands, float], None]
+    final: Callable[[], None]
+
+
+def serve(
+    args: argparse.Namespace, start: Callable[[Session, Journal], Workload], *, auto_rejoin: bool = True
+) -> int:
+    """A chaos client's life, the same for every workload: open the session (exit 2 for a bad
+    configuration), journal, tell the runner the session at each CONNECTED; ``start`` sets the workload
+    up, then ``READY``, the workload, ``STOPPED``, on ``FINAL`` its final markers and ``DONE``, on
+    ``EXIT`` ``BYE``. A ``ConsensusError`` ends the workload early; the session is always closed."""
     deadline = time.monotonic() + args.lifetime
     commands = Commands()
-    options = {
+    options: dict[str, Any] = {
         "session_timeout": args.session_timeout,
         "request_timeout": args.request_timeout,
         "connect_timeout": max(args.request_timeout, 2.0),
-        "auto_rejoin": False,
+        "auto_rejoin": auto_rejoin,
     }
     try:
         session = open_session(os.environ["CONSENSUS_URL"], options, commands, deadline)
@@ -139,8 +148,6 @@ def main(argv: list[str] | None = None) -> int:
         say("STOPPED")
         return 0
     journal = Journal(Path(args.journal), args.spawn, args.client)
-    plan = Plan(args.prefix, args.clients, args.keys, int(args.key_period * 1e9), args.t0_ns, args.client)
-    worker = Worker(session, journal, plan, random.Random(args.seed))
 
     def on_state(state: SessionState) -> None:
         if state is SessionState.CONNECTED:
@@ -149,18 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     session.add_state_listener(on_state)
     report_session(session)
     try:
-        worker.start_listening()
+        workload = start(session, journal)
         say("READY")
-        while not commands.stop.is_set() and time.monotonic() < deadline:
-            try:
-                worker.step()
-            except ConsensusError as exc:  # a listener could not be moved; operations never raise
-                print(f"step failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-                time.sleep(RETRY)
-            time.sleep(worker.rng.uniform(0, args.think))
+        workload.run(commands, deadline)
         say("STOPPED")
         if commands.wait_for("FINAL", deadline):
-            settle_and_record(worker)
+            workload.final()
             say("DONE")
             commands.wait_for("EXIT", deadline)
     except ConsensusError as exc:
@@ -170,6 +171,35 @@ def main(argv: list[str] | None = None) -> int:
         journal.close()
     say("BYE")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="consensus_api.history.client")
+    for name in ("--journal", "--prefix"):
+        parser.add_argument(name, required=True)
+    for name in ("--client", "--clients", "--keys", "--spawn", "--t0-ns", "--seed"):
+        parser.add_argument(name, type=int, required=True)
+    for name in ("--key-period", "--session-timeout", "--request-timeout", "--think", "--lifetime"):
+        parser.add_argument(name, type=float, required=True)
+    args = parser.parse_args(argv)
+    plan = Plan(args.prefix, args.clients, args.keys, int(args.key_period * 1e9), args.t0_ns, args.client)
+
+    def start(session: Session, journal: Journal) -> Workload:
+        worker = Worker(session, journal, plan, random.Random(args.seed))
+        worker.start_listening()
+
+        def run(commands: Commands, deadline: float) -> None:
+            while not commands.stop.is_set() and time.monotonic() < deadline:
+                try:
+                    worker.step()
+                except ConsensusError as exc:  # a listener could not be moved; operations never raise
+                    print(f"step failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                    time.sleep(RETRY)
+                time.sleep(worker.rng.uniform(0, args.think))
+
+        return Workload(run, lambda: settle_and_record(worker))
+
+    return serve(args, start, auto_rejoin=False)
 
 
 if __name__ == "__main__":

@@ -18,16 +18,14 @@ an operation with an unknown outcome.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from consensus_api.errors import ConfigurationError, ConsensusError
-from consensus_api.history.client import Commands, open_session, report_session, say
+from consensus_api.errors import ConsensusError
+from consensus_api.history.client import Commands, Workload, serve
 from consensus_api.history.journal import Journal
 from consensus_api.history.schema import EVENT, FAIL, INFO, INVOKE, LOCK, OK
 from consensus_api.history.workload import BACKOFF
@@ -118,43 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("--session-timeout", "--request-timeout", "--lifetime"):
         parser.add_argument(name, type=float, required=True)
     args, _ = parser.parse_known_args(argv)  # the storage workload's flags do not apply
-    deadline = time.monotonic() + args.lifetime
-    commands = Commands()
-    options = {
-        "session_timeout": args.session_timeout,
-        "request_timeout": args.request_timeout,
-        "connect_timeout": max(args.request_timeout, 2.0),
-    }
-    try:
-        session = open_session(os.environ["CONSENSUS_URL"], options, commands, deadline)
-    except ConfigurationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if session is None:
-        say("STOPPED")
-        return 0
-    journal = Journal(Path(args.journal), args.spawn, args.client)
-    locker = Locker(session, journal, f"{args.prefix}/locks", random.Random(args.seed))
-    session.add_state_listener(
-        lambda state: report_session(session) if state is SessionState.CONNECTED else None
-    )
-    session.add_state_listener(locker.on_state)
-    report_session(session)
-    try:
-        say("READY")
-        while not commands.stop.is_set() and time.monotonic() < deadline:
-            locker.turn(ACQUIRE_TIMEOUTS * args.session_timeout)
-        say("STOPPED")
-        if commands.wait_for("FINAL", deadline):
-            say("DONE")
-            commands.wait_for("EXIT", deadline)
-    except ConsensusError as exc:
-        print(f"client stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
-    finally:
-        session.close()
-        journal.close()
-    say("BYE")
-    return 0
+
+    def start(session: Session, journal: Journal) -> Workload:
+        locker = Locker(session, journal, f"{args.prefix}/locks", random.Random(args.seed))
+        session.add_state_listener(locker.on_state)
+
+        def run(commands: Commands, deadline: float) -> None:
+            while not commands.stop.is_set() and time.monotonic() < deadline:
+                locker.turn(ACQUIRE_TIMEOUTS * args.session_timeout)
+
+        return Workload(run, lambda: None)
+
+    return serve(args, start)
 
 
 if __name__ == "__main__":

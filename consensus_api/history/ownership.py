@@ -15,18 +15,16 @@ them.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from pathlib import Path
 
 from consensus_api.coordinator import Coordinator, ResourceHandler
-from consensus_api.errors import ConfigurationError, ConsensusError
-from consensus_api.history.client import Commands, open_session, report_session, say
+from consensus_api.errors import ConsensusError
+from consensus_api.history.client import Commands, Workload, serve
 from consensus_api.history.journal import Journal
 from consensus_api.history.schema import COORDINATOR, EVENT, FINAL
 from consensus_api.history.workload import SETTLE_MAX
-from consensus_api.model import SessionState
+from consensus_api.session import Session
 
 #: How many resources the run's group shares.
 RESOURCES = 8
@@ -84,30 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("--session-timeout", "--request-timeout", "--lifetime"):
         parser.add_argument(name, type=float, required=True)
     args, _ = parser.parse_known_args(argv)  # the storage workload's flags do not apply
-    deadline = time.monotonic() + args.lifetime
-    commands = Commands()
-    options = {
-        "session_timeout": args.session_timeout,
-        "request_timeout": args.request_timeout,
-        "connect_timeout": max(args.request_timeout, 2.0),
-    }
-    try:
-        session = open_session(os.environ["CONSENSUS_URL"], options, commands, deadline)
-    except ConfigurationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if session is None:
-        say("STOPPED")
-        return 0
-    journal = Journal(Path(args.journal), args.spawn, args.client)
-    recorder = Recorder(journal)
     resources = [f"r{index}" for index in range(RESOURCES)]
-    handler = ResourceHandler(resources, recorder, assignors=["cooperative-sticky"])
-    session.add_state_listener(
-        lambda state: report_session(session) if state is SessionState.CONNECTED else None
-    )
-    report_session(session)
-    try:
+
+    def start(session: Session, journal: Journal) -> Workload:
+        recorder = Recorder(journal)
+        handler = ResourceHandler(resources, recorder, assignors=["cooperative-sticky"])
         recorder.record("subscribed", members=resources)
         coordinator = recorder.coordinator = handler.join(
             session, f"{args.prefix}/owners", rebalance_timeout=args.session_timeout * 2
@@ -116,20 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             coordinator.ensure_active_group(4 * args.session_timeout + 4 * args.request_timeout)
         except ConsensusError as exc:  # joins later; the workload is the group's life under faults
             print(f"not yet joined: {type(exc).__name__}: {exc}", file=sys.stderr)
-        say("READY")
-        commands.stop.wait(max(0.0, deadline - time.monotonic()))
-        say("STOPPED")
-        if commands.wait_for("FINAL", deadline):
-            record_final(handler, coordinator, recorder)
-            say("DONE")
-            commands.wait_for("EXIT", deadline)
-    except ConsensusError as exc:
-        print(f"client stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
-    finally:
-        session.close()
-        journal.close()
-    say("BYE")
-    return 0
+
+        def run(commands: Commands, deadline: float) -> None:
+            commands.stop.wait(max(0.0, deadline - time.monotonic()))
+
+        return Workload(run, lambda: record_final(handler, coordinator, recorder))
+
+    return serve(args, start)
 
 
 if __name__ == "__main__":
