@@ -16,7 +16,9 @@ or the end of the run. Per lock it reports a violation for
 * **tokens out of order**: a lease's token is not above the token of a lease
   granted before it. A grant is known to come first when its acquire returned
   before the other acquire was called, or, when one of the two is exclusive,
-  when its acquire returned first (mutual exclusion then orders the grants).
+  when its acquire returned first (mutual exclusion then orders the grants)
+  and the nemesis did not pause or expire the other's client inside its
+  acquire (a grant it got before the pause may be returned after a later one).
 
 Like the ownership check, it runs once per run (:mod:`consensus_api.checker.per_run`),
 and its rows join the per-object checks' output (``bucket.OUTPUT_COLUMNS``).
@@ -144,7 +146,7 @@ def check_run(rows: list[Mapping[str, Any]]) -> pa.Table:
     t0 = min(row["time_ns"] for row in rows)
     for lock, held in sorted(by_lock.items()):
         problems, fenced = _overlaps(held, windows, t0)
-        problems += _token_order(held, t0)
+        problems += _token_order(held, windows, t0)
         if problems:
             message, timeline = problems[0]
             detail = json.dumps({"message": message, "timeline": timeline})
@@ -212,16 +214,19 @@ def _overlaps(held: list[Hold], windows: per_run.Windows, t0: int) -> tuple[list
     return problems, fenced
 
 
-def _token_order(held: list[Hold], t0: int) -> list[Problem]:
-    """Leases whose token is not above that of a lease known to be granted before them."""
+def _token_order(held: list[Hold], windows: per_run.Windows, t0: int) -> list[Problem]:
+    """Leases whose token is not above that of a lease known to be granted before them. Mutual
+    exclusion orders two grants by their acquires' returns only when the later one's client was not
+    paused or expired inside its acquire: its grant may then be an older one, fenced since."""
     starts = [hold.start for hold in held]
     problems: list[Problem] = []
     for index, later in enumerate(held):
         before_call = bisect_left(starts, later.call)
+        excluded = not per_run.faulted_between(windows, later.slot, later.call, later.start)
         earlier = [
             hold
             for position, hold in enumerate(held[:index])
-            if position < before_call or hold.exclusive or later.exclusive
+            if position < before_call or (excluded and (hold.exclusive or later.exclusive))
         ]
         worst = max(earlier, key=lambda hold: hold.token, default=None)
         if worst is not None and worst.token >= later.token:

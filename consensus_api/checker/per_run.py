@@ -58,6 +58,14 @@ def faulted(windows: Windows, slot: int, at: int) -> bool:
     )
 
 
+def faulted_between(windows: Windows, slot: int, start: int, end: int) -> bool:
+    """Whether the nemesis paused or expired client ``slot`` at any time from ``start`` to ``end``."""
+    return any(
+        began <= end and (ended is None or start <= ended + RESUME_SLACK_NS)
+        for began, ended in windows.get(slot, [])
+    )
+
+
 def killed_at(slot: int, since: int, kills: Mapping[int, list[int]]) -> int | None:
     """The first SIGKILL of client ``slot`` at or after ``since``, or None."""
     after = [t for t in kills.get(slot, []) if t >= since]
