@@ -99,12 +99,28 @@ def test_an_owner_told_of_its_lost_membership_late_is_fenced_not_a_violation() -
 
 
 def _plant(history: Path, out: Path) -> str:
-    """Copy ``history`` into ``out`` with one more ``assigned`` row: a resource started by a second
-    process in the middle of another one's ownership. Returns the resource."""
+    """Copy ``history`` into ``out`` with one more ``assigned`` row: a resource started by a process
+    of another client slot in the middle of an ownership that ended normally (stopped with a real
+    generation, or kept to the end), so the overlap cannot be excused as fenced. Returns the
+    resource."""
     rows = pq.read_table(history).to_pylist()
-    coordinator = [r for r in rows if r["kind"] == "coordinator"]
-    first = next(r for r in coordinator if r["f"] == "assigned")
-    other = next(r for r in coordinator if r["process"] != first["process"])
+    coordinator = sorted((r for r in rows if r["kind"] == "coordinator"), key=lambda r: r["time_ns"])
+
+    def ended_normally(start: dict[str, Any]) -> bool:
+        stop = next(
+            (
+                r
+                for r in coordinator
+                if r["f"] == "revoked"
+                and (r["process"], r["key"]) == (start["process"], start["key"])
+                and r["time_ns"] > start["time_ns"] + 1
+            ),
+            None,
+        )
+        return stop is None or stop["term"] not in (None, -1)
+
+    first = next(r for r in coordinator if r["f"] == "assigned" and ended_normally(r))
+    other = next(r for r in coordinator if r["client"] != first["client"])
     planted = {
         **first,
         "process": other["process"],
