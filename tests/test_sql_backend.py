@@ -118,6 +118,24 @@ def test_sqlite_names_the_process_holding_the_write_lock(tmp_path: Path) -> None
         session.storage.put("after", b"x")
 
 
+def test_sqlite_session_opens_on_a_new_file_whose_write_lock_another_process_holds(tmp_path: Path) -> None:
+    """Opening a session waits for the write lock of a new database file (as when several processes
+    start on it at once) and then creates the tables: the wait is no reason to renew a lease it has
+    not opened yet."""
+    path = tmp_path / "new.db"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("PRAGMA journal_mode=WAL")
+    other.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(1.5, other.rollback)
+    release.start()
+    try:
+        with ca.connect(f"sqlite:///{path}", session_timeout=3, request_timeout=3, connect_timeout=10) as session:
+            assert session.storage.put("k", b"v") == 1
+    finally:
+        release.join()
+        other.close()
+
+
 @pytest.fixture
 def mariadb_target(mariadb_server: ServerHandle) -> str:
     """A MariaDB URL whose table prefix no other test uses."""

@@ -27,6 +27,11 @@ class FileIdentity:
         """Take the file now at the path as this session's (after connecting to it)."""
         self._armed = self._read()
 
+    @property
+    def armed(self) -> bool:
+        """Whether ``arm`` has taken a file (a session was opened on it)."""
+        return self._armed is not None
+
     def changed(self) -> bool:
         """The path now names another file, or none (False before ``arm`` and for non-SQLite)."""
         return self._armed is not None and self._read() != self._armed

@@ -165,7 +165,7 @@ class Liveness:
         the database file changed (``SessionLostError``), else renew the lease if a sixth of it has
         passed; when this renewal began, or None. It counts once the transaction commits
         (``_renewed``)."""
-        if self._guarded:
+        if self._guarded or not self._file.armed:  # before open() has opened the lease: none to renew
             return None
         if self._file.changed():
             raise SessionLostError(f"{self._file.describe()}: this session is lost")
