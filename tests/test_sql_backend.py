@@ -129,7 +129,8 @@ def test_sqlite_session_opens_on_a_new_file_whose_write_lock_another_process_hol
     release = threading.Timer(1.5, other.rollback)
     release.start()
     try:
-        with ca.connect(f"sqlite:///{path}", session_timeout=3, request_timeout=3, connect_timeout=10) as session:
+        options = {"session_timeout": 3, "request_timeout": 3, "connect_timeout": 10}
+        with ca.connect(f"sqlite:///{path}", **options) as session:
             assert session.storage.put("k", b"v") == 1
     finally:
         release.join()
