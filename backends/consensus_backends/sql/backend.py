@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy
 from sqlalchemy import Connection, Engine
 
-from consensus_api.backend import Backend, Target
+from consensus_api.backend import Backend, Reader, Target
 from consensus_api.config import BackendURL, boolean, seconds
 from consensus_api.errors import (
     BackendUnavailableError,
@@ -60,6 +60,7 @@ from consensus_backends.sql.engine import (
 )
 from consensus_backends.sql.filecheck import FileIdentity
 from consensus_backends.sql.liveness import Liveness
+from consensus_backends.sql.nowait import NowaitReader
 from consensus_backends.sql.schema import Tables
 from consensus_backends.sql.writelock import begin_eagerly, is_busy
 
@@ -110,6 +111,7 @@ class SQLBackend(Liveness, Backend):
         self._file = FileIdentity(None if self._guarded else self._engine.url.database)
         self._watchdog = Watchdog()
         self._tables = Tables(str(extra.get("table_prefix", "consensus_")))
+        self._nowait = None if self._guarded else NowaitReader(self._tables)
         self._session_id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._watched: set[Target] = set()
@@ -145,6 +147,8 @@ class SQLBackend(Liveness, Backend):
                     ) from None
                 time.sleep(RETRY_PAUSE)
         self._file.arm()
+        if self._nowait is not None:
+            self._nowait.open(self._engine)
         self._renewed_at = time.monotonic()
         self._feed.start()
         self._heartbeat.start()
@@ -164,7 +168,13 @@ class SQLBackend(Liveness, Backend):
         except (OperationTimeoutError, BackendUnavailableError) as exc:
             log.warning("could not release the session at close (%s); it expires by itself", exc)
         finally:
+            if self._nowait is not None:
+                self._nowait.close()
             self._engine.dispose()
+
+    def nowait_reader(self) -> Reader | None:
+        """SQLite: reads on a held WAL connection that never wait (``nowait``); elsewhere None."""
+        return self._nowait
 
     # Storage
 
