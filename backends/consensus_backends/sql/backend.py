@@ -108,6 +108,9 @@ class SQLBackend(Liveness, Backend):
         extra = self.settings.extra
         self._engine: Engine = create(self.url, self.settings)
         self._guarded = self._engine.dialect.name != "sqlite"
+        #: PostgreSQL reads run without BEGIN and COMMIT (two round trips fewer): each is one
+        #: statement, or statements at READ COMMITTED, which see what a transaction's would.
+        self._autocommit_reads = self._engine.dialect.name == "postgresql"
         self._file = FileIdentity(None if self._guarded else self._engine.url.database)
         self._watchdog = Watchdog()
         self._tables = Tables(str(extra.get("table_prefix", "consensus_")))
@@ -299,7 +302,7 @@ class SQLBackend(Liveness, Backend):
         while True:
             try:
                 with calls_until(deadline, MIN_CONNECT_LEFT if retry else HEARTBEAT_CONNECT_LEFT):
-                    conn = self._engine.connect()
+                    conn = self._connect(write)
             except sqlalchemy.exc.DBAPIError as exc:
                 permanent = permanent_connect_failure(exc)
                 if permanent is not None:
@@ -357,6 +360,13 @@ class SQLBackend(Liveness, Backend):
                 raise OperationTimeoutError(
                     f"{self.name} did not complete the call ({reason}); its effect is unknown"
                 ) from None
+
+    def _connect(self, write: bool) -> Connection:
+        """A pooled connection; for a PostgreSQL read, in autocommit (the pool resets it on return)."""
+        conn = self._engine.connect()
+        if not write and self._autocommit_reads:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+        return conn
 
     def _begin(self, conn: Connection, write: bool, retry: bool, deadline: float) -> None:
         """SQLite's ``BEGIN``: eager for the heartbeat's write (``writelock``); no-op elsewhere."""
