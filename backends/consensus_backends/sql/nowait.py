@@ -42,12 +42,21 @@ class NowaitReader:
         self._conn: Connection | None = None
 
     def open(self, engine: Engine) -> None:
-        """Hold a connection of ``engine`` (may wait: call it where waiting is allowed)."""
-        conn = engine.connect()
-        with conn.begin():
-            conn.exec_driver_sql("PRAGMA busy_timeout=0")
+        """Hold a connection of ``engine`` (may wait: call it where waiting is allowed). If that
+        fails, reads give ``WouldBlock`` (the ordinary calls then report what is wrong)."""
+        try:
+            conn = engine.connect()
+            with conn.begin():
+                conn.exec_driver_sql("PRAGMA busy_timeout=0")
+        except sqlalchemy.exc.DBAPIError as exc:
+            log.debug("no nowait connection: %s", type(exc).__name__)
+            return
         with self._lock:
             self._conn = conn
+
+    def is_open(self) -> bool:
+        """Whether a connection is held (not before ``open``, after ``close`` or an error)."""
+        return self._conn is not None
 
     def close(self) -> None:
         """Give the connection back to the pool (waits for a read in progress: at most one read)."""
