@@ -88,6 +88,12 @@ class Reader(Protocol):
     def leadership(self, service: str) -> Leadership | None: ...
 
 
+class WouldBlock(Exception):  # noqa: N818 - a signal between the SPI and the core, not an error
+    """A ``nowait_reader()`` read that would have to wait (for a lock, a connection, another process
+    or the network) and did nothing; the caller makes the ordinary call instead. Never reaches
+    applications."""
+
+
 class Backend(ABC):
     """One client session against one backend."""
 
@@ -196,6 +202,17 @@ class Backend(ABC):
         use the backend itself. Default: the backend itself.
         """
         return self
+
+    def nowait_reader(self) -> Reader | None:
+        """Reads that answer on the calling thread without ever waiting, for an event loop's thread.
+
+        Each call of the reader returns what the backend's own call would
+        (linearizable), or raises ``WouldBlock`` at once where it would have to
+        wait for a lock, a connection, another process or the network; it then
+        had no effect. Only local, fast stores can offer it (SQLite on an open
+        WAL connection). Default: None (every read may wait).
+        """
+        return None
 
     def server_version(self) -> str | None:
         """The server's software version (``"3.8.0"``), or None when the backend cannot tell.

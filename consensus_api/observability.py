@@ -21,11 +21,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from consensus_api.backend import WouldBlock
 from consensus_api.errors import ConfigurationError
 from consensus_api.model import Event, LeaderChanged, MembershipChanged, SessionState
 
 if TYPE_CHECKING:
-    from consensus_api.backend import Backend
+    from consensus_api.backend import Backend, Reader
     from consensus_api.coordinator import CoordinatorHandler
 
 logging.getLogger("consensus_api").addHandler(logging.NullHandler())
@@ -147,6 +148,8 @@ class SessionTelemetry:
             started = time.perf_counter()
             try:
                 return method(*args)
+            except WouldBlock:  # did nothing: the ordinary call follows, and is measured
+                raise
             except Exception as exc:
                 instruments.errors.add(1, {**attributes, "error.type": type(exc).__name__})
                 raise
@@ -167,14 +170,17 @@ def for_session(backend: str) -> SessionTelemetry | None:
 
 
 class _MeasuredBackend:
-    """A backend seen through its telemetry; every other attribute is the backend's own."""
+    """A backend (or its nowait reader) seen through its telemetry; every other attribute is its own."""
 
-    def __init__(self, backend: Backend, telemetry: SessionTelemetry) -> None:
+    def __init__(self, backend: Backend | Reader, telemetry: SessionTelemetry) -> None:
         self._backend = backend
         self._telemetry = telemetry
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._backend, name)
+        if name == "nowait_reader":  # its reads are measured like the backend's own
+            telemetry = self._telemetry
+            return lambda: None if (reader := attribute()) is None else _MeasuredBackend(reader, telemetry)
         if name not in OPERATIONS:
             return attribute
         return lambda *args: self._telemetry.call(name, attribute, *args)

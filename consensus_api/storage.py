@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from consensus_api._session_port import SessionPort
+from consensus_api.backend import Reader, WouldBlock
 from consensus_api.errors import FencedError, InvalidTypeError, SessionLostError
 from consensus_api.keys import (
     check_int,
@@ -36,6 +37,25 @@ class Storage:
     def fetch(self, key: str) -> Versioned | None:
         """The value and version of ``key``, or None if it does not exist."""
         return self._session.backend_for_call().fetch(check_key(key))
+
+    def fetch_nowait(self, key: str) -> Versioned | None:
+        """``fetch`` answered on the calling thread without waiting on a lock, a connection, another
+        process or the network, or ``WouldBlock`` (nothing was done: call ``fetch``) where the
+        backend cannot promise that (``Backend.nowait_reader``). For event loops: ``consensus_api.aio``
+        uses it. ``key`` is checked first."""
+        key = check_key(key)
+        return self._nowait().fetch(key)
+
+    def keys_nowait(self, namespace: str = "") -> frozenset[str]:
+        """``keys`` answered without waiting, or ``WouldBlock``, like ``fetch_nowait``."""
+        namespace = check_namespace(namespace)
+        return self._nowait().keys(namespace)
+
+    def _nowait(self) -> Reader:
+        reader = self._session.backend_for_call().nowait_reader()
+        if reader is None:
+            raise WouldBlock("this backend has no reads that never wait")
+        return reader
 
     def put(self, key: str, value: bytes, *, fence: Leadership | Lease | None = None) -> int:
         """Create ``key``; ``KeyExistsError`` if it exists. Returns the new version."""

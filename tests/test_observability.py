@@ -74,9 +74,10 @@ def test_operations_errors_listeners_and_rebalances_are_measured(
             assert time.monotonic() < deadline, seen
             time.sleep(0.05)
         session.storage.put("k2", b"v")  # the listeners' reads are done by now
+        assert session.storage.fetch_nowait("k2") is not None  # an event loop's read, measured too
     found = points(reader)
     durations = {attributes["consensus.operation"] for attributes, _ in found["consensus.operation.duration"]}
-    assert {"put", "join", "nominate", "membership", "leadership"} <= durations
+    assert {"put", "join", "nominate", "membership", "leadership", "fetch"} <= durations
     assert all(a["consensus.backend"] == "sqlite" for a, _ in found["consensus.operation.duration"])
     errors = found["consensus.operation.errors"]
     assert any(a["error.type"] == "KeyExistsError" and a["consensus.operation"] == "put" for a, _ in errors)

@@ -310,6 +310,7 @@ def test_sqlite_file_deleted_or_replaced_loses_the_session(tmp_path: Path, how: 
             states.wait_for(lambda state: state is ca.SessionState.CONNECTED, timeout + 2, since=lost + 1)
             wait_until(lambda: new.election("svc").leadership() == new_fence, 5, what="b still leads")
             assert old.storage.fetch("k") == new.storage.fetch("k")  # one file for both now
+            assert old.storage.fetch_nowait("k") == new.storage.fetch("k")  # its held connection too
             with pytest.raises(ca.FencedError):
                 old.storage.put("k2", b"by a", fence=old_fence)
 

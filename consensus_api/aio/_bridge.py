@@ -1,7 +1,8 @@
 """The two ways between the threaded core and one event loop.
 
 * :class:`Bridge` runs each blocking call of the core on one of the session's
-  worker threads and awaits it, so the loop never blocks.
+  worker threads and awaits it, so the loop never blocks; a read the backend
+  answers without waiting (``Backend.nowait_reader``) runs on the loop itself.
 * :class:`EventStream` turns callbacks of the session's dispatcher thread into
   an async iterator: the callback stores the event and wakes the loop with
   ``loop.call_soon_threadsafe``; a consumer slower than the events finds them
@@ -16,10 +17,12 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar, cast
 
+from consensus_api.backend import WouldBlock
 from consensus_api.errors import ConfigurationError, SessionLostError
 
 log = logging.getLogger("consensus_api.aio")
@@ -32,6 +35,10 @@ Callback = Callable[[E], None]
 #: The context the loop runs a finished call's completion in: it only settles a future (the
 #: awaiting task resumes in its own context), so no context is copied per call.
 _SETTLE_CONTEXT = contextvars.Context()
+
+#: Inline calls (``Bridge.run_nowait``) hold the loop at most this long (plus one call) before
+#: handing it back for one turn, however many a task makes without awaiting anything else.
+INLINE_HOLD = 0.005
 
 
 def check_workers(workers: object) -> int:
@@ -52,8 +59,9 @@ class Bridge:
     abandoned (its effect unknown, like any call cut short).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, workers: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, workers: int, *, inline: bool = False) -> None:
         self.loop = loop
+        self._inline = inline
         self._workers = check_workers(workers)
         self._tickets: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._unclaimed: dict[int, tuple[Callable[[], Any], asyncio.Future[Any]]] = {}
@@ -61,6 +69,35 @@ class Bridge:
         self._threads = 0
         self._in_flight = 0  # calls queued or running: read and written on the loop thread only
         self._closed = False
+        self._held_since: float | None = None  # the first inline call since the loop last turned
+
+    async def run_nowait(self, nowait: Callable[[], T], call: Callable[[], T]) -> T:
+        """With ``inline``: ``nowait()`` right here on the loop thread; where it raises
+        ``WouldBlock`` (it did nothing), or without ``inline``: ``await run(call)``.
+
+        ``nowait`` must never wait (``Backend.nowait_reader``): it costs the loop
+        one local read. Inline calls made since the loop last ran anything else
+        hold it at most ``INLINE_HOLD`` plus one call: then the caller yields one
+        turn (``asyncio.sleep(0)``) first. Nothing runs after ``shutdown``.
+        """
+        if not self._inline:
+            return await self.run(call)
+        while (since := self._held_since) is not None and time.monotonic() - since > INLINE_HOLD:
+            await asyncio.sleep(0)
+        if self._closed:
+            raise SessionLostError("the session is closed; open a new one with consensus_api.aio.connect()")
+        if since is None:
+            self._held_since = time.monotonic()
+            self.loop.call_soon(self._turned, context=_SETTLE_CONTEXT)
+        try:
+            return nowait()
+        except WouldBlock:
+            pass
+        return await self.run(call)
+
+    def _turned(self) -> None:
+        """The loop ran a callback: whatever held it has let go."""
+        self._held_since = None
 
     async def run(self, call: Callable[[], T], *, write: str | None = None) -> T:
         """Await ``call()`` run on a worker thread.

@@ -25,6 +25,7 @@ from consensus_api.coordinator import CoordinatorHandler, ResourceListener
 from consensus_api.coordinator.core import HANDLER_METHODS
 from consensus_api.coordinator.handler import check_resource_listener, require_callbacks
 from consensus_api.coordinator.member import DEFAULT_REBALANCE_TIMEOUT
+from consensus_api.errors import ConfigurationError
 from consensus_api.keys import check_key, check_namespace
 from consensus_api.listeners import ListenerRegistry
 from consensus_api.model import KeySetChanged, Leadership, SessionState, ValueChanged, Versioned
@@ -34,27 +35,38 @@ DEFAULT_WORKERS = 8
 WALK_BATCH = 256
 
 
-def connect(url: str | None = None, *, workers: int = DEFAULT_WORKERS, **options: Any) -> Connecting:
+def connect(
+    url: str | None = None, *, workers: int = DEFAULT_WORKERS, inline_reads: bool = False, **options: Any
+) -> Connecting:
     """Open a session like ``consensus_api.connect`` (same URL resolution and options) without
     blocking the running loop; ``workers`` bounds the threads its blocking calls run on.
+
+    ``inline_reads=True`` runs ``storage.fetch`` and ``storage.keys`` on the loop itself where the
+    backend answers them without taking a lock another caller may hold (SQLite in WAL mode:
+    ``Backend.nowait_reader``), saving the hop to a worker thread. Off by default: such a read
+    still waits if another process is frozen inside the microseconds SQLite holds a WAL read-mark
+    lock, up to about 10 s (then it fails over to a worker), and that wait would hold the loop.
 
     Use as ``async with aio.connect(url) as session:`` or ``session = await aio.connect(url)``.
     """
     check_workers(workers)
-    return Connecting(partial(sync.connect, url, **options), workers)
+    if not isinstance(inline_reads, bool):
+        raise ConfigurationError(f"inline_reads must be a bool, not {inline_reads!r}")
+    return Connecting(partial(sync.connect, url, **options), workers, inline_reads)
 
 
 class Connecting:
     """What ``aio.connect`` returns: awaitable (the open session), or an async context manager
     that closes the session on exit."""
 
-    def __init__(self, open_session: Callable[[], sync.Session], workers: int) -> None:
+    def __init__(self, open_session: Callable[[], sync.Session], workers: int, inline_reads: bool) -> None:
         self._open_session = open_session
         self._workers = workers
+        self._inline_reads = inline_reads
         self._opened: AsyncSession | None = None
 
     async def _open(self) -> AsyncSession:
-        bridge = Bridge(asyncio.get_running_loop(), self._workers)
+        bridge = Bridge(asyncio.get_running_loop(), self._workers, inline=self._inline_reads)
         try:
             opened = await bridge.run(self._open_session)
         except BaseException:
@@ -200,7 +212,9 @@ class AsyncSession:
 
 
 class AsyncStorage:
-    """``Storage`` as awaitables: same arguments, checks, results and errors."""
+    """``Storage`` as awaitables: same arguments, checks, results and errors. ``fetch`` and ``keys``
+    run on the loop itself with ``connect(inline_reads=True)`` where the backend answers them
+    without waiting (SQLite)."""
 
     def __init__(self, session: sync.Session, bridge: Bridge) -> None:
         self._storage = session.storage
@@ -208,7 +222,8 @@ class AsyncStorage:
 
     async def fetch(self, key: str) -> Versioned | None:
         """The value and version of ``key``, or None."""
-        return await self._bridge.run(partial(self._storage.fetch, key))
+        storage = self._storage
+        return await self._bridge.run_nowait(partial(storage.fetch_nowait, key), partial(storage.fetch, key))
 
     async def put(self, key: str, value: bytes, *, fence: Leadership | None = None) -> int:
         """Create ``key``; returns the new version."""
@@ -228,7 +243,10 @@ class AsyncStorage:
 
     async def keys(self, namespace: str = "") -> frozenset[str]:
         """The keys one level below ``namespace``."""
-        return await self._bridge.run(partial(self._storage.keys, namespace))
+        storage = self._storage
+        return await self._bridge.run_nowait(
+            partial(storage.keys_nowait, namespace), partial(storage.keys, namespace)
+        )
 
     def walk(self, namespace: str = "") -> AsyncIterator[tuple[str, Versioned]]:
         """Every key below ``namespace`` with its value, as ``Storage.walk`` (same guarantees),

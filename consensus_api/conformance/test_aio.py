@@ -26,6 +26,7 @@ from consensus_api import (
     SessionState,
     ValueChanged,
     VersionConflictError,
+    Versioned,
     aio,
 )
 from consensus_api.conformance.helpers import EVENT_TIMEOUT
@@ -104,6 +105,28 @@ def test_aio_storage_results_and_errors(run_async: Any, consensus_ns: str) -> No
             await storage.delete(key)
             with pytest.raises(KeyNotFoundError):
                 await storage.update(key, b"c")
+
+    run_async(main)
+
+
+def test_aio_inline_reads_are_linearizable(run_async: Any, consensus_ns: str) -> None:
+    """With ``inline_reads=True`` (reads on the loop where the backend answers without waiting),
+    a read sees every write completed before it, by any session, and the loop is never blocked."""
+
+    async def main(open_session: Any) -> None:
+        async with open_session(inline_reads=True) as reader, open_session() as writer:
+            key = f"{consensus_ns}/inline"
+            assert await reader.storage.fetch(key) is None
+            for number in range(20):
+                value = str(number).encode()
+                if number == 0:
+                    version = await writer.storage.put(key, value)
+                else:
+                    version = await writer.storage.update(key, value)
+                assert await reader.storage.fetch(key) == Versioned(value, version)
+            assert await reader.storage.keys(consensus_ns) == {key}
+            await writer.storage.delete(key)
+            assert await reader.storage.fetch(key) is None
 
     run_async(main)
 

@@ -128,6 +128,8 @@ class EtcdClient:
         self._closed = False
         self._metadata: Metadata = (REQUIRE_LEADER,)
         self._troubled = False
+        self._floor_lock = threading.Lock()
+        self.read_revision = 0
         self._troubles = 0
         self._in_flight: set[Any] = set()
         self._client = pyetcd.MultiEndpointEtcd3Client(
@@ -179,10 +181,14 @@ class EtcdClient:
         self._metadata = (REQUIRE_LEADER, ("token", response.token))
 
     def range(self, request: Any, deadline: float) -> Any:
-        """A RangeResponse; linearizable unless the request says otherwise."""
-        return self._call(
+        """A RangeResponse; linearizable unless the request says otherwise. ``read_revision`` is the
+        highest revision a read has returned."""
+        response = self._call(
             "a read", lambda s, t, m: s.kv.Range.future(request, timeout=t, metadata=m), deadline, retry=True
         )
+        with self._floor_lock:
+            self.read_revision = max(self.read_revision, int(response.header.revision))
+        return response
 
     def txn(self, request: Any, deadline: float) -> Any:
         """A TxnResponse; never sent twice."""

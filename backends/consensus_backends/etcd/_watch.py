@@ -24,7 +24,7 @@ from pyetcd.events import DeleteEvent
 from pyetcd.exceptions import RevisionCompactedError
 from pyetcd.watch import WatchResponse
 
-from consensus_api.backend import Target
+from consensus_api.backend import Target, TargetKind
 from consensus_api.errors import ConsensusError
 from consensus_backends.etcd._client import EtcdClient
 from consensus_backends.etcd._errors import CompactedError
@@ -60,6 +60,8 @@ class PrefixWatch:
         self._on_deleted = on_deleted
         self._cond = threading.Condition()
         self._targets: set[Target] = set()
+        #: Watched keys' latest event: (mod_revision, value or None if deleted); exact states.
+        self._values: dict[str, tuple[int, bytes | None]] = {}
         self._last = revision
         self._generation = 0
         self._resubscribe = True
@@ -78,6 +80,14 @@ class PrefixWatch:
         """Stop reporting changes of ``target``."""
         with self._cond:
             self._targets.discard(target)
+            if target.kind is TargetKind.VALUE:
+                self._values.pop(target.name, None)
+
+    def value(self, key: str) -> tuple[int, bytes | None] | None:
+        """The watched ``key``'s state as of its latest event: ``(mod_revision, value)``, value None
+        once deleted; None if no event of it arrived since it was added or the watch resynced."""
+        with self._cond:
+            return self._values.get(key)
 
     def restart(self) -> None:
         """Replace the stream (it may be dead without knowing it), resuming after the last revision."""
@@ -119,6 +129,7 @@ class PrefixWatch:
                 with self._cond:
                     if isinstance(exc, CompactedError):
                         self._resync = True
+                        self._values.clear()
                     self._resubscribe = True
                     self._cond.wait(pause)
                 pause = min(pause * 2, RETRY_MAX)
@@ -165,7 +176,12 @@ class PrefixWatch:
             if isinstance(response, WatchResponse):
                 for event in response.events:
                     self._last = max(self._last, event.mod_revision)
-                    hits.extend(t for t in self._layout.targets(event.key) if t in self._targets)
+                    touched = [t for t in self._layout.targets(event.key) if t in self._targets]
+                    for target in touched:
+                        if target.kind is TargetKind.VALUE:
+                            value = None if isinstance(event, DeleteEvent) else bytes(event.value)
+                            self._values[target.name] = (int(event.mod_revision), value)
+                    hits.extend(touched)
                     if isinstance(event, DeleteEvent):
                         deleted.append(event.key)
                 if not response.events:  # a progress notification: everything up to here was sent
@@ -173,6 +189,7 @@ class PrefixWatch:
             else:
                 if isinstance(response, RevisionCompactedError):
                     self._resync = True
+                    self._values.clear()  # events were missed: the latest ones are not the state
                 else:
                     trouble = True
                     log.debug(

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pyetcd import etcdrpc
 
-from consensus_api.backend import Backend, BackendEvents, Target
+from consensus_api.backend import Backend, BackendEvents, Reader, Target
 from consensus_api.config import BackendURL, OptionParser, Options, boolean
 from consensus_api.errors import (
     BackendUnavailableError,
@@ -48,6 +48,7 @@ from consensus_api.errors import (
 from consensus_api.keys import join_key
 from consensus_api.model import Leadership, SessionState, Versioned
 from consensus_backends.etcd import _requests as rq
+from consensus_backends.etcd._changes import ChangeReader
 from consensus_backends.etcd._client import TLS, EtcdClient
 from consensus_backends.etcd._errors import CompactedError
 from consensus_backends.etcd._layout import Layout, prefix_end
@@ -299,6 +300,10 @@ class EtcdBackend(Backend):
     def unwatch(self, target: Target) -> None:
         """Stop reporting changes of ``target``."""
         self._watch.discard(target)
+
+    def change_reader(self) -> Reader:
+        """A value's re-read from its latest watch event where that is provably current (``_changes``)."""
+        return ChangeReader(self, self._client, self._watch)
 
     def server_version(self) -> str | None:
         """The version the etcd member reports in its status (None if it does not answer in time)."""

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy
 from sqlalchemy import Connection, Engine
 
-from consensus_api.backend import Backend, Target
+from consensus_api.backend import Backend, Reader, Target
 from consensus_api.config import BackendURL, boolean, seconds
 from consensus_api.errors import (
     BackendUnavailableError,
@@ -60,6 +60,7 @@ from consensus_backends.sql.engine import (
 )
 from consensus_backends.sql.filecheck import FileIdentity
 from consensus_backends.sql.liveness import Liveness
+from consensus_backends.sql.nowait import NowaitReader
 from consensus_backends.sql.schema import Tables
 from consensus_backends.sql.writelock import begin_eagerly, is_busy
 
@@ -107,9 +108,13 @@ class SQLBackend(Liveness, Backend):
         extra = self.settings.extra
         self._engine: Engine = create(self.url, self.settings)
         self._guarded = self._engine.dialect.name != "sqlite"
+        #: PostgreSQL reads run without BEGIN and COMMIT (two round trips fewer): each is one
+        #: statement, or statements at READ COMMITTED, which see what a transaction's would.
+        self._autocommit_reads = self._engine.dialect.name == "postgresql"
         self._file = FileIdentity(None if self._guarded else self._engine.url.database)
         self._watchdog = Watchdog()
         self._tables = Tables(str(extra.get("table_prefix", "consensus_")))
+        self._nowait = None if self._guarded else NowaitReader(self._tables)
         self._session_id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._watched: set[Target] = set()
@@ -145,6 +150,8 @@ class SQLBackend(Liveness, Backend):
                     ) from None
                 time.sleep(RETRY_PAUSE)
         self._file.arm()
+        if self._nowait is not None:
+            self._nowait.open(self._engine)
         self._renewed_at = time.monotonic()
         self._feed.start()
         self._heartbeat.start()
@@ -164,7 +171,13 @@ class SQLBackend(Liveness, Backend):
         except (OperationTimeoutError, BackendUnavailableError) as exc:
             log.warning("could not release the session at close (%s); it expires by itself", exc)
         finally:
+            if self._nowait is not None:
+                self._nowait.close()
             self._engine.dispose()
+
+    def nowait_reader(self) -> Reader | None:
+        """SQLite: reads on a held WAL connection that never wait (``nowait``); elsewhere None."""
+        return self._nowait
 
     # Storage
 
@@ -289,7 +302,7 @@ class SQLBackend(Liveness, Backend):
         while True:
             try:
                 with calls_until(deadline, MIN_CONNECT_LEFT if retry else HEARTBEAT_CONNECT_LEFT):
-                    conn = self._engine.connect()
+                    conn = self._connect(write)
             except sqlalchemy.exc.DBAPIError as exc:
                 permanent = permanent_connect_failure(exc)
                 if permanent is not None:
@@ -347,6 +360,13 @@ class SQLBackend(Liveness, Backend):
                 raise OperationTimeoutError(
                     f"{self.name} did not complete the call ({reason}); its effect is unknown"
                 ) from None
+
+    def _connect(self, write: bool) -> Connection:
+        """A pooled connection; for a PostgreSQL read, in autocommit (the pool resets it on return)."""
+        conn = self._engine.connect()
+        if not write and self._autocommit_reads:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+        return conn
 
     def _begin(self, conn: Connection, write: bool, retry: bool, deadline: float) -> None:
         """SQLite's ``BEGIN``: eager for the heartbeat's write (``writelock``); no-op elsewhere."""

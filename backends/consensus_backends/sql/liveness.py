@@ -28,6 +28,7 @@ from consensus_api.model import Leadership, SessionState
 from consensus_backends.sql import ephemeral
 from consensus_backends.sql.changes import ChangeFeed, prune
 from consensus_backends.sql.filecheck import FileIdentity
+from consensus_backends.sql.nowait import NowaitReader
 from consensus_backends.sql.schema import Tables
 
 log = logging.getLogger("consensus_api.sql")
@@ -49,6 +50,7 @@ class Liveness:
     _tables: Tables
     _session_id: str
     _file: FileIdentity
+    _nowait: NowaitReader | None
     _feed: ChangeFeed
     _guarded: bool
     _stop: threading.Event
@@ -96,6 +98,8 @@ class Liveness:
                 log.warning("%s: the session is lost; it reopens on the new file", self._file.describe())
                 self._report(SessionState.LOST)
                 self._engine.dispose()  # pooled connections still write to the old file
+                if self._nowait is not None:
+                    self._nowait.close()  # held, so not disposed: inline reads go to workers meanwhile
                 self._feed.rewind()
             if self._beat_state is not SessionState.LOST and started >= self._renewed_at + ttl:
                 self._report(SessionState.LOST)  # the lease lapsed by our own clock
@@ -215,6 +219,8 @@ class Liveness:
         self._run(swap, deadline=deadline, retry=False)
         self._session_id = new
         self._file.arm()
+        if self._nowait is not None and not self._nowait.is_open():
+            self._nowait.open(self._engine)
 
     def _report(self, state: SessionState) -> None:
         with self._state_lock:
