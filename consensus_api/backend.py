@@ -90,8 +90,8 @@ class Reader(Protocol):
 
 class WouldBlock(Exception):  # noqa: N818 - a signal between the SPI and the core, not an error
     """A ``nowait_reader()`` read that would have to wait (for a lock, a connection, another process
-    or the network) and did nothing; the caller makes the ordinary call instead. Never reaches
-    applications."""
+    or the network) and did nothing; the caller makes the ordinary call instead. Applications see it
+    only from ``Storage.fetch_nowait`` / ``keys_nowait``, which say so."""
 
 
 class Backend(ABC):
