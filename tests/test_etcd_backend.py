@@ -1,4 +1,4 @@
-"""The etcd backend against real etcd servers: versions, leases, restarts, watches, fencing, auth, TLS.
+"""The etcd backend against real etcd servers: versions, leases, restarts, watches, fencing.
 
 Faults are real: the server is killed and restarted on its data dir, the
 session's lease is revoked by another client, and a TCP proxy between the
@@ -10,13 +10,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import socket
-import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pyetcd
@@ -27,10 +23,8 @@ from consensus_api.backend import Target, TargetKind
 from consensus_api.config import build_options, parse_url
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing._process import HOST, free_port, launch
-from consensus_api.testing.certificates import write_certificates
-from consensus_api.testing.etcd import binary as etcd_binary
-from consensus_api.testing.etcd import member_command
+from consensus_api.testing._process import HOST
+from consensus_api.testing.proxy import TcpProxy
 from consensus_backends.etcd import EtcdBackend
 from consensus_backends.etcd import backend as etcd_backend
 from consensus_backends.etcd._layout import Layout
@@ -70,68 +64,11 @@ def sessions() -> Iterator[list[ca.Session]]:
         session.close()
 
 
-class Proxy:
-    """A TCP forwarder to ``port``; ``cut()`` drops every connection and refuses new ones until ``heal()``."""
-
-    def __init__(self, port: int) -> None:
-        self._target = port
-        self._listener = socket.create_server((HOST, 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._open = True
-        self._sockets: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def cut(self) -> None:
-        with self._lock:
-            self._open = False
-            sockets, self._sockets = self._sockets, set()
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def heal(self) -> None:
-        self._open = True
-
-    def close(self) -> None:
-        self.cut()
-        self._listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection((HOST, self._target))
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                if not self._open:
-                    client.close()
-                    upstream.close()
-                    continue
-                self._sockets |= {client, upstream}
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                sink.sendall(data)
-        with contextlib.suppress(OSError):
-            sink.shutdown(socket.SHUT_RDWR)
-
-
 @pytest.fixture
-def proxy(server: ServerHandle) -> Iterator[Proxy]:
-    forwarder = Proxy(server.port)
-    yield forwarder
-    forwarder.close()
+def proxy(server: ServerHandle) -> Iterator[TcpProxy]:
+    """A TCP proxy in front of the server: ``drop()`` resets every connection until ``heal()``."""
+    with TcpProxy(server.port) as forwarder:
+        yield forwarder
 
 
 class Recorder:
@@ -314,7 +251,7 @@ def test_revoked_lease_without_keys_is_found_by_the_keepalive(
         backend.close()
 
 
-def test_unreachable_longer_than_ttl_is_lost(server: ServerHandle, proxy: Proxy, prefix: str) -> None:
+def test_unreachable_longer_than_ttl_is_lost(server: ServerHandle, proxy: TcpProxy, prefix: str) -> None:
     with (
         ca.connect(f"etcd://{HOST}:{proxy.port}{prefix}", session_timeout=2) as session,
         ca.connect(server.url + prefix, session_timeout=2) as observer,
@@ -326,7 +263,7 @@ def test_unreachable_longer_than_ttl_is_lost(server: ServerHandle, proxy: Proxy,
         observer.group("g").add_listener(members)
         members.wait_for(lambda event: "m" in event.members)
         cut = time.monotonic()
-        proxy.cut()
+        proxy.drop()
         suspended_at = first(states, SUSPENDED)
         suspended = time.monotonic() - cut
         members.wait_for(lambda event: "m" not in event.members, what="the member expired")
@@ -390,7 +327,7 @@ def test_server_pause_shorter_than_the_ttl_only_suspends(server: ServerHandle, p
         assert LOST not in states.events
 
 
-def test_sessions_fail_over_to_another_endpoint(server: ServerHandle, proxy: Proxy, prefix: str) -> None:
+def test_sessions_fail_over_to_another_endpoint(server: ServerHandle, proxy: TcpProxy, prefix: str) -> None:
     """Both endpoints reach the one server, one through the proxy; cutting it leaves every session working."""
     url = f"etcd://{HOST}:{proxy.port},{HOST}:{server.port}{prefix}"
     with contextlib.ExitStack() as stack:
@@ -400,7 +337,7 @@ def test_sessions_fail_over_to_another_endpoint(server: ServerHandle, proxy: Pro
             session.group("g").join(f"m{index}")
             logs.append(EventLog(f"values {index}"))
             session.listeners.add_value_listener("k", logs[-1])
-        proxy.cut()
+        proxy.drop()
         time.sleep(0.5)  # a write sent just as its connection dies has an unknown effect
         for round_, writer in enumerate(sessions[:3]):
             if round_ == 0:
@@ -419,7 +356,7 @@ def test_sessions_fail_over_to_another_endpoint(server: ServerHandle, proxy: Pro
 
 
 def test_watch_resumes_after_the_last_seen_revision(
-    server: ServerHandle, raw: Any, proxy: Proxy, prefix: str
+    server: ServerHandle, raw: Any, proxy: TcpProxy, prefix: str
 ) -> None:
     """A change made while the watch is down arrives once it resumes (a bare backend: no core resync)."""
     events = Recorder()
@@ -429,7 +366,7 @@ def test_watch_resumes_after_the_last_seen_revision(
         backend.watch(target)
         raw.put(Layout.from_path(prefix).key("k"), b"1")
         events.changes.wait_for(lambda changed: changed == target)
-        proxy.cut()
+        proxy.drop()
         written = raw.put(Layout.from_path(prefix).key("k"), b"2").header.revision
         mark = len(events.changes)
         proxy.heal()
@@ -440,7 +377,7 @@ def test_watch_resumes_after_the_last_seen_revision(
 
 
 def test_compaction_while_the_watch_is_down_resyncs_everything(
-    server: ServerHandle, raw: Any, proxy: Proxy, prefix: str, caplog: pytest.LogCaptureFixture
+    server: ServerHandle, raw: Any, proxy: TcpProxy, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     events = Recorder()
     backend = open_backend(f"etcd://{HOST}:{proxy.port}{prefix}", events, session_timeout=30)
@@ -451,7 +388,7 @@ def test_compaction_while_the_watch_is_down_resyncs_everything(
         backend.watch(quiet)
         raw.put(layout.key("k"), b"1")
         events.changes.wait_for(lambda changed: changed == changing)
-        proxy.cut()
+        proxy.drop()
         raw.put(layout.key("k"), b"2")
         response = raw.put(layout.key("k"), b"3")
         raw.compact(response.header.revision, physical=True)
@@ -476,113 +413,3 @@ def test_listeners_converge_after_compaction_and_restart(server: ServerHandle, r
         response = raw.put(Layout.from_path(prefix).key("k"), b"1")
         raw.compact(response.header.revision, physical=True)
         values.wait_last(lambda event: event.value == b"1")
-
-
-# Connecting
-
-
-#: Over connect_timeout, for giving up on an unreachable server on a loaded 2-core machine (channel
-#: teardown included); the latency itself is measured by benchmarks/detection.py.
-UNREACHABLE_SLACK = 3.0
-
-
-def test_unreachable_cluster_is_backend_unavailable() -> None:
-    started = time.monotonic()
-    with pytest.raises(ca.BackendUnavailableError, match="connect_timeout"):
-        ca.connect(f"etcd://{HOST}:{free_port()}/x", connect_timeout=1)
-    assert time.monotonic() - started < 1 + UNREACHABLE_SLACK
-
-
-def test_partial_tls_options_are_configuration_errors(server: ServerHandle, tmp_path: Path) -> None:
-    for name in ("c.pem", "ca.pem"):
-        (tmp_path / name).write_text("-")
-    with pytest.raises(ca.ConfigurationError, match="no such file"):
-        ca.connect(server.url + "/x", tls_cert=str(tmp_path / "missing.pem"))
-    with pytest.raises(ca.ConfigurationError, match="together"):
-        ca.connect(server.url + "/x", tls_cert=str(tmp_path / "c.pem"))
-    with pytest.raises(ca.ConfigurationError, match="need tls=true"):
-        ca.connect(server.url + "/x", tls=False, tls_ca=str(tmp_path / "ca.pem"))
-
-
-def _etcdctl(port: int, *args: str) -> None:
-    command = [etcd_binary("etcdctl"), f"--endpoints={HOST}:{port}", *args]
-    subprocess.run(command, check=True, capture_output=True, timeout=30)
-
-
-def test_authentication_with_user_and_password_from_the_url(caplog: pytest.LogCaptureFixture) -> None:
-    password = "s3cret-" + uuid.uuid4().hex[:8]
-    with start_server("etcd") as auth_server:
-        for command in (
-            ["user", "add", "root", "--new-user-password=rootpw"],
-            ["user", "grant-role", "root", "root"],
-            ["user", "add", "app", f"--new-user-password={password}"],
-            ["role", "add", "app"],
-            ["role", "grant-permission", "app", "--prefix=true", "readwrite", "/app/"],
-            ["user", "grant-role", "app", "app"],
-            ["auth", "enable"],
-        ):
-            _etcdctl(auth_server.port, *command)
-        host = f"{HOST}:{auth_server.port}"
-        caplog.set_level(logging.DEBUG)
-        with ca.connect(f"etcd://app:{password}@{host}/app") as session:
-            values: EventLog[ca.ValueChanged] = EventLog("values")
-            session.listeners.add_value_listener("k", values)
-            version = session.storage.put("k", b"v")
-            values.wait_last(lambda event: event.version == version)
-            session.group("g").join("m")
-            assert session.election("s").nominate("c")
-            assert password not in repr(session)
-        for url in (f"etcd://app:wrong@{host}/app", f"etcd://{host}/app"):
-            with pytest.raises(ca.ConfigurationError) as refused:
-                ca.connect(url)
-            assert "wrong" not in str(refused.value)
-        with pytest.raises(ca.ConfigurationError, match="permission denied"):
-            ca.connect(f"etcd://app:{password}@{host}/elsewhere")
-        assert password not in caplog.text
-
-
-def test_tls_with_client_certificates(tmp_path: Path) -> None:
-    write_certificates(tmp_path)
-    client, peer = free_port(), free_port()
-    command = [
-        *member_command(tmp_path / "server" / "data", f"https://{HOST}:{client}", f"http://{HOST}:{peer}"),
-        "--cert-file",
-        str(tmp_path / "server.pem"),
-        "--key-file",
-        str(tmp_path / "server.key"),
-        "--trusted-ca-file",
-        str(tmp_path / "ca.pem"),
-        "--client-cert-auth",
-    ]
-
-    def probe() -> bool:
-        with socket.socket() as sock:
-            return sock.connect_ex((HOST, client)) == 0
-
-    files = {"tls_ca": "ca.pem", "tls_cert": "client.pem", "tls_key": "client.key"}
-    options = {name: str(tmp_path / file) for name, file in files.items()}
-    server_dir = tmp_path / "server"
-    server_dir.mkdir()
-    with launch(
-        ServerHandle("etcd-tls", f"etcd://{HOST}:{client}", client, server_dir, command=command, probe=probe),
-        30,
-    ):
-        with ca.connect(f"etcd://{HOST}:{client}/tls", connect_timeout=10, **options) as session:
-            assert session.storage.put("k", b"v") > 0
-            assert session.election("s").nominate("c")
-        # etcd 3.6 refuses a client certificate after the TLS 1.3 handshake: still refused at once
-        impostor = {"tls_cert": str(tmp_path / "impostor.pem"), "tls_key": str(tmp_path / "impostor.key")}
-        for refused in ({}, impostor):  # no client certificate; one not signed by the server's CA
-            started = time.monotonic()
-            with pytest.raises(ca.ConfigurationError, match="certificate was refused"):
-                ca.connect(
-                    f"etcd://{HOST}:{client}/tls", connect_timeout=10, tls_ca=options["tls_ca"], **refused
-                )
-            assert time.monotonic() - started < 2
-
-
-@pytest.mark.parametrize("url", ["etcd:///x", "etcd://", "etcd://[::1:2379/x"])
-def test_url_without_a_host_or_with_a_malformed_one_is_refused(url: str) -> None:
-    """No host, or an IPv6 host without its closing bracket: ConfigurationError before any I/O."""
-    with pytest.raises(ca.ConfigurationError, match="host"):
-        ca.connect(url, connect_timeout=1)
