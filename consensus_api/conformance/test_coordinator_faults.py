@@ -113,7 +113,7 @@ def test_server_restarted_during_a_rebalance(
     The joiner's session is open before the kill, so the fault hits its join, not its ``connect``:
     ``connect`` rightly raises ``BackendUnavailableError`` once ``connect_timeout`` (10 s here)
     passes without a server, and a Kafka broker is ready again 5 s after the kill when idle but
-    11-20 s after it under CI's load (load average 17-30), so a connect racing the kill failed
+    10-24 s after it under CI's load (load average 17-30), so a connect racing the kill failed
     and the member never existed. The bound starts once the server is ready: each session notices
     its loss (``loss_timeout``), then a rebalance of three members (``SETTLE``), with ``SETTLE``
     to spare for the rejoin after the session recovers."""
