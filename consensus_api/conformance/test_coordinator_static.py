@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
 
-from consensus_api import Coordinator, FencedError, Generation, ResourceHandler
+from consensus_api import Coordinator, FencedError, Generation, OperationTimeoutError, ResourceHandler
 from consensus_api.conformance.coordination import Ledger, RecordingHandler
 from consensus_api.conformance.helpers import SessionFactory, unique, wait_until
 from consensus_api.conformance.test_coordinator import (
@@ -14,6 +15,7 @@ from consensus_api.conformance.test_coordinator import (
     SETTLE,
     _leader_view,
     _members,
+    _settled,
     _wait_settled,
 )
 from consensus_api.conformance.test_coordinator_upgrade import SIX
@@ -131,3 +133,30 @@ def test_update_resources_rebalances_exactly_once(consensus_open_session: Sessio
     after = [coordinators[name].generation().generation_id for name in ("a", "b")]
     assert after[0] == after[1] == max(before) + 1, (before, after)
     assert ledger.double_owned() == []
+
+
+def test_update_metadata_during_a_join_is_not_lost(consensus_open_session: SessionFactory) -> None:
+    """New metadata announced while the member's join is under way (sent with the old metadata,
+    held by the server for a slow member): another rebalance follows, in which the leader sees it."""
+    group = unique("ct-meta")
+    members = _members(consensus_open_session, group, 2)
+    _wait_settled(members)
+    (_, slow_handler), (coordinator, handler) = members
+    slow_handler.hold_next_prepare(3.0)  # it rejoins 3 s late: the rebalance stays open
+    mark = len(handler.calls.events)
+    third = RecordingHandler()
+    joiner = consensus_open_session().coordinator(group, "test", third, rebalance_timeout=REBALANCE)
+    with contextlib.suppress(OperationTimeoutError):
+        joiner.ensure_active_group(0.05)  # a third member joins: a rebalance
+    wait_until(lambda: handler.named("prepare", mark), SETTLE, what="the member to rejoin")
+    time.sleep(0.5)  # its join is on its way with the old metadata, held for the slow member
+    handler.protocols = [("p1", b"changed")]
+    coordinator.update_metadata()
+    everyone = [*members, (joiner, third)]
+
+    def seen() -> bool:
+        settled = _settled(everyone)
+        view = _leader_view(everyone, settled.generation_id) if settled is not None else {}
+        return view.get(coordinator.member_id()) == b"changed"
+
+    wait_until(seen, SETTLE, what="a stable generation whose leader saw the new metadata")

@@ -127,7 +127,8 @@ class Coordinator(GroupMember, EngineHost):
         return self._engine.member_id()
 
     def request_rejoin(self) -> None:
-        """Ask for a rebalance (the follow-up round of the cooperative protocol)."""
+        """Ask for a rebalance (the follow-up round of the cooperative protocol); asked while a join
+        is under way (whose metadata may predate the request), a rebalance follows that join."""
         self._engine.request_rejoin()
         self._thread.wake()
 
@@ -163,9 +164,11 @@ class Coordinator(GroupMember, EngineHost):
             held = self._generation
         if not prepared:
             self._call("on_join_prepare", held.generation_id if held else -1, held.member_id if held else "")
+        with self._cond:  # cleared before metadata() runs: an update_metadata after it is kept
+            self._recheck_metadata = False
         protocols = self.protocols()
         with self._cond:
-            self._joined_with, self._recheck_metadata = protocols, False
+            self._joined_with = protocols
         return protocols
 
     def assign(self, leader_id: str, protocol: str, members: Mapping[str, bytes]) -> dict[str, bytes] | None:

@@ -89,4 +89,5 @@ class CoordinatorEngine(ABC):
 
     @abstractmethod
     def request_rejoin(self) -> None:
-        """Ask for a new rebalance (e.g. the follow-up round of the cooperative protocol)."""
+        """Ask for a new rebalance (e.g. the follow-up round of the cooperative protocol); asked
+        while a join is under way, a rebalance follows that join."""

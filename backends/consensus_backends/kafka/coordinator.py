@@ -194,6 +194,8 @@ class KafkaEngine(CoordinatorEngine):
         self._wait = rebalance_timeout
         self._inbox = _Inbox(host)
         self._member: CoordinatorMember | None = None
+        self._joining = False  # from serving a join's "prepare" to serving its "complete"
+        self._rejoin_again = False  # a rejoin asked for while that join was under way
 
     def start(self) -> None:
         deadline = time.monotonic() + self._settings.connect_timeout
@@ -250,12 +252,16 @@ class KafkaEngine(CoordinatorEngine):
             generation, _ = request.args
             if generation < 0:
                 self._host.lost()  # kafka-python reset the generation: what we held is gone
+            self._joining, self._rejoin_again = True, False  # the metadata is taken after this
             member.protocols = self._host.rejoin()
         elif request.kind == "assign":
             request.result = self._host.assign(*request.args)
         elif request.kind == "complete":
             generation, member_id, protocol, assignment = request.args
+            again, self._joining, self._rejoin_again = self._rejoin_again, False, False
             self._host.complete(Generation(generation, member_id, protocol), assignment)
+            if again:  # kafka-python cleared rejoin_needed as this join completed
+                member.request_rejoin()
         elif request.kind == "lost":
             self._host.lost()
 
@@ -287,6 +293,10 @@ class KafkaEngine(CoordinatorEngine):
         return member is None or member.state is not MemberState.STABLE or bool(member.need_rejoin())
 
     def request_rejoin(self) -> None:
+        """Rejoin; asked while a join is under way (sent with the metadata of before the request),
+        once more after it: kafka-python clears ``rejoin_needed`` when that join completes."""
         member = self._member
         if member is not None:
             member.request_rejoin()
+            if self._joining:
+                self._rejoin_again = True
