@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -32,8 +33,10 @@ def test_on_join_complete_is_retried_until_it_returns(consensus_session: Session
     coordinator = consensus_session.coordinator(
         unique("ct-kip795"), "test", handler, rebalance_timeout=REBALANCE
     )
-    with pytest.raises(OperationTimeoutError):
-        coordinator.ensure_active_group(1.5)
+    deadline = time.monotonic() + SETTLE  # a join on a loaded machine may take longer than one try
+    while len(handler.named("complete")) < 2 and time.monotonic() < deadline:
+        with pytest.raises(OperationTimeoutError):
+            coordinator.ensure_active_group(1.5)
     completes = handler.named("complete")
     assert len(completes) >= 2 and len({call.args for call in completes}) == 1, completes
     assert coordinator.generation().generation_id == completes[0].args[0]
