@@ -10,11 +10,14 @@
 #      whole suite on a 3-node ZooKeeper ensemble and a 3-member etcd cluster,
 #      whose faults section adds the cluster tests (entries NAME:cluster,
 #      `consensus servers run NAME --nodes 3`);
-#   3. the project's own tests;
+#   3. the project's own tests (two pytest-xdist workers) beside tooz's own
+#      suite through our tooz driver on every plain backend;
 #   4. chaos runs with faults on every backend (and with leader faults on the
 #      clusters), and one run of the locks workload, whose histories one Spark
 #      job then checks for linearizability, election, membership, listener and
 #      lock safety.
+# A conformance or own test that fails runs once more, alone: if it then passes it is
+# named as flaky (and counted as passed), else it fails the run.
 # Ends with one line "tests: N passed, N failed".
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
