@@ -158,7 +158,12 @@ def test_incremental_member_that_does_not_revoke_in_time_is_fenced(
             held = [*ledger.snapshot().values(), owned_by(child)]
             return sum(map(len, held)) == len(SIX) and frozenset().union(*held) == SIX and all(held)
 
-        wait_until(shared, SETTLE, what="a, b and the child share the 6 resources")
+        wait_until(
+            shared,
+            SETTLE,
+            what="a, b and the child share the 6 resources",
+            observe=lambda: (ledger.snapshot(), owned_by(child), child.lines.events[mark:]),
+        )
         assert ledger.double_owned() == []
     finally:
         child.close()
