@@ -19,7 +19,7 @@ from consensus_api.assignors import (
     get_assignor,
 )
 from consensus_api.coordinator.generic.negotiation import Offer, admit, choose, compatible
-from consensus_api.coordinator.generic.reconcile import FENCED, Ack, GroupState, reconcile
+from consensus_api.coordinator.generic.reconcile import FENCED, UNREVOKED, Ack, GroupState, reconcile
 from consensus_api.coordinator.generic.records import STABLE, Completed, GenerationRecord
 from consensus_api.coordinator.generic.static import StaticMembers, replace
 from consensus_api.coordinator.handler import (
@@ -172,6 +172,31 @@ def test_reconciliation_never_gives_a_resource_to_two_members(ops: list[tuple[st
         counts = [len(sim.owned[m]) for m in sim.live]
         assert sum(counts) == len(RESOURCES) and max(counts) - min(counts) <= 1
         assert frozenset().union(*(sim.owned[m] for m in sim.live)) == RESOURCES
+
+
+def test_a_member_whose_revocation_is_acknowledged_is_not_fenced_late() -> None:
+    """The steward judges the rebalance timeout after the member's acknowledgement arrived: the
+    member revoked, so it keeps what it kept and is not fenced; one that did not ack is fenced."""
+    for acked in (True, False):
+        sim = Simulation()
+        sim.join("a")
+        sim.reconcile()
+        sim.follow("a")
+        sim.reconcile()
+        sim.join("b")
+        sim.reconcile()
+        entry = sim.state.members["a"]
+        assert entry.state == UNREVOKED
+        if acked:
+            sim.follow("a")
+        sim.expired = {"a"}
+        sim.reconcile()
+        state = sim.state.members["a"].state
+        assert (
+            (state != FENCED and sim.state.members["a"].assigned == entry.assigned)
+            if acked
+            else state == FENCED
+        )
 
 
 def test_group_state_round_trips() -> None:

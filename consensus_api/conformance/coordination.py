@@ -185,7 +185,13 @@ class CoordinatorChild(ChildProcess):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The child: join GROUP, report completes, live until stdin closes or the lifetime ends."""
+    """The child: join GROUP, report completes, live until stdin closes or the lifetime ends.
+
+    Its wait for the first join or reconcile is bounded by the lifetime, not by the member's
+    default (``rebalance_timeout`` + ``request_timeout``): tests SIGSTOP the child, and a deadline
+    that passes during the pause would end a child whose member was about to join or reconcile
+    (it revoked everything on its way out, then the test waited for it in vain). The test bounds
+    how long joining may take; the child only reports."""
     parser = argparse.ArgumentParser(prog="python -m consensus_api.conformance.coordination")
     parser.add_argument("group")
     parser.add_argument("--opt", action="append", default=[], metavar="NAME=VALUE")
@@ -212,15 +218,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 member = session.incremental_coordinator(
                     args.group, names, _PrintingListener(), rebalance_timeout=rebalance
                 )
-                member.ensure_active_group()
+                member.ensure_active_group(args.lifetime)
                 print("RECONCILED", flush=True)
             elif resources:
                 handler = _ReportingResources(names, _PrintingListener(), hold)
                 member = handler.join(session, args.group, rebalance_timeout=rebalance)
-                member.ensure_active_group()
+                member.ensure_active_group(args.lifetime)
             else:
                 member = session.coordinator(args.group, "test", Reporting(), rebalance_timeout=rebalance)
-                member.ensure_active_group()
+                member.ensure_active_group(args.lifetime)
             stopped = threading.Event()
 
             def watch_stdin() -> None:

@@ -157,6 +157,7 @@ def test_incremental_member_that_does_not_revoke_in_time_is_fenced(
     child = CoordinatorChild(consensus_url, group, {**options, "resources": 6, "incremental": 1})
     try:
         wait_until(lambda: len(owned_by(child)) == 3, SETTLE, what="the child owns 3")
+        child.expect("RECONCILED", SETTLE)  # paused idle, not inside its first reconcile
         child.signal(signal.SIGSTOP)
         paused = time.monotonic()
         b.update_resources(SIX)  # the child must give one up, and cannot
@@ -170,7 +171,12 @@ def test_incremental_member_that_does_not_revoke_in_time_is_fenced(
             held = [*ledger.snapshot().values(), owned_by(child)]
             return sum(map(len, held)) == len(SIX) and frozenset().union(*held) == SIX and all(held)
 
-        wait_until(shared, SETTLE, what="a, b and the child share the 6 resources")
+        wait_until(
+            shared,
+            SETTLE,
+            what="a, b and the child share the 6 resources",
+            observe=lambda: (ledger.snapshot(), owned_by(child), child.lines.events[mark:]),
+        )
         assert ledger.double_owned() == []
     finally:
         child.close()

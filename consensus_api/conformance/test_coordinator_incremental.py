@@ -11,6 +11,7 @@ from consensus_api.conformance.coordination import Ledger
 from consensus_api.conformance.helpers import SessionFactory, unique, wait_until
 from consensus_api.conformance.test_coordinator import REBALANCE, SETTLE
 from consensus_api.conformance.test_coordinator_upgrade import SIX
+from consensus_api.testing.faults import expire_session
 
 
 class _Group:
@@ -86,3 +87,37 @@ def test_incremental_update_resources_moves_one_epoch(consensus_open_session: Se
     time.sleep(1.0)
     assert a.epoch() == b.epoch() == before + 1
     assert group.ledger.double_owned() == []
+
+
+@pytest.mark.session_expiry
+def test_incremental_member_whose_session_is_lost_comes_back_as_a_joiner(
+    consensus_open_session: SessionFactory,
+) -> None:
+    """The server ends b's session, three times: each time b stops everything at once and gets
+    resources back only through the group, like any joiner, with the subscription it last set
+    (``update_resources``); b never starts a resource another member owns. (a may start b's
+    resources before b has heard of the expiry: the server ended b's session, so b had left.)"""
+    group = _Group(consensus_open_session)
+    group.join("a")
+    session = consensus_open_session()
+    b = session.incremental_coordinator(
+        group.name, frozenset(), group.ledger.listener("b"), rebalance_timeout=REBALANCE
+    )
+    b.ensure_active_group(SETTLE)
+    b.update_resources(SIX)  # its membership still names the empty subscription it joined with
+    group.wait_shared(["a", "b"], "a and b share the resources")
+    for _ in range(3):
+        held, mark = group.ledger.snapshot()["b"], group.ledger.mark()
+        expire_session(session)
+
+        def stopped(held: frozenset[str] = held, mark: int = mark) -> bool:
+            return ("-", held) in group.ledger.callbacks("b", mark)
+
+        wait_until(
+            stopped,
+            SETTLE,
+            what="b stops everything",
+            observe=group.ledger.snapshot,
+        )
+        group.wait_shared(["a", "b"], "a and b share the resources again")
+        assert [problem for problem in group.ledger.double_owned() if ": b started " in problem] == []

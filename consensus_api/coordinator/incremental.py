@@ -16,7 +16,10 @@ member follows its own entry in the group state: it stops what it must revoke
   one at a time; never on a client I/O thread or the session's dispatcher.
 
 On session loss the member stops everything at once (``on_revoked``); it gets
-its resources back through the steward like any joiner.
+its resources back through the steward like any joiner: a dynamic member
+joins again under a new member id, with its current subscription, so nothing
+its old entry held (which the steward frees once the old id is gone) is
+started again from a group state read before the loss.
 
 A static member (``group_instance_id``, KIP-345) has the member id
 ``i-<instance>``: restarted within the session timeout it finds its entry and
@@ -88,7 +91,7 @@ class IncrementalCoordinator(GroupMember):
         chosen = assignor_named(assignor)
         self._listener = listener
         self._layout = layout = IncrementalLayout(self.group)
-        self._id = f"m-{uuid.uuid4().hex}" if self._instance is None else static_member_id(self._instance)
+        self._id = _dynamic_id() if self._instance is None else static_member_id(self._instance)
         self._incarnation = uuid.uuid4().hex
         self._claim: Mirror[ValueChanged] | None = None
         if self._instance is not None:
@@ -102,7 +105,8 @@ class IncrementalCoordinator(GroupMember):
         self._acked: Ack | None = None
         self._state: Mirror[ValueChanged] = value_mirror(session, layout.state, self._thread.wake)
         steward = Steward(session, layout, chosen, self.rebalance_timeout)
-        self._seat = Seat(session, layout.root, self._id, steward, self._thread.wake)
+        rejoin = self._instance is not None  # a static member keeps its id and entry across a loss
+        self._seat = Seat(session, layout.root, self._id, steward, self._thread.wake, rejoin=rejoin)
         session.add_state_listener(self._on_state)
 
     # The public interface
@@ -145,7 +149,12 @@ class IncrementalCoordinator(GroupMember):
             if change is SessionState.LOST:
                 self._set_owned(frozenset(), lost=True)
                 self._acked = None
-                self._seat.lost()
+                if self._instance is None:
+                    with self._cond:
+                        self._id, self._entry, self._reconciled = _dynamic_id(), None, False
+                    self._seat.lost(self._id)
+                else:
+                    self._seat.lost()
         if self._fenced():
             return IDLE
         if not self._seat.take(self._subscribe):
@@ -260,6 +269,10 @@ class IncrementalCoordinator(GroupMember):
             getattr(self._listener, name)(resources)
         except Exception:
             log.exception("%s of incremental group %r raised; going on", name, self.group)
+
+
+def _dynamic_id() -> str:
+    return f"m-{uuid.uuid4().hex}"
 
 
 _cache_lock = threading.Lock()

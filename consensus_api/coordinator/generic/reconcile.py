@@ -15,6 +15,8 @@ resources it is ``assigned`` and those it is ``revoking``:
   when they release.
 * ``fenced``: it did not revoke within the rebalance timeout; its resources
   were freed; it comes back (epoch 0) once it acknowledges holding nothing.
+  A member whose acknowledgement of the revocation is in hand when the timeout
+  is judged is not fenced, however late the steward looks: it revoked.
 
 Reconciling one member: ``keep`` = assigned ∩ target; anything else assigned
 is revoked first (``unrevoked``, nothing added meanwhile); otherwise it gets
@@ -163,7 +165,7 @@ def reconcile(
             bumped = True
     for member in expired:
         entry = members.get(member)
-        if entry is not None and entry.state == UNREVOKED:
+        if entry is not None and entry.state == UNREVOKED and not _revoked(entry, acks.get(member)):
             members[member] = MemberState(0, tick(), FENCED)
             bumped = True
     for member, entry in list(members.items()):
@@ -216,7 +218,7 @@ def _member(
         return entry
     if entry.state == STABLE and entry.epoch == assignment_epoch:
         return entry
-    if entry.state == UNREVOKED and (ack is None or ack.seq < entry.seq or ack.owned & entry.revoking):
+    if entry.state == UNREVOKED and not _revoked(entry, ack):
         return entry
     keep = entry.assigned & target
     revoke = entry.assigned - keep
@@ -228,6 +230,11 @@ def _member(
         state = UNRELEASED if wanted - add else STABLE
         new = MemberState(assignment_epoch, entry.seq, state, keep | add, EMPTY)
     return entry if new == entry else new
+
+
+def _revoked(entry: MemberState, ack: Ack | None) -> bool:
+    """Whether ``ack`` answers ``entry`` and owns none of what it revokes."""
+    return ack is not None and ack.seq >= entry.seq and not ack.owned & entry.revoking
 
 
 def digest(resources: frozenset[str]) -> str:

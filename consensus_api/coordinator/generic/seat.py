@@ -30,6 +30,10 @@ class Seat:
     Only the ``CANDIDATES`` smallest member ids stand, a few standbys giving failover without an
     election as large as the group; while nobody leads, every member tries again to stand
     (``wake`` asks the owner's thread to ``take`` the seat), so the group never stays leaderless.
+
+    With ``rejoin`` the session re-joins the member and candidacy after a loss (``auto_rejoin``,
+    with the data of the first join); without it, ``lost(new_id)`` gives the seat a new member id
+    and ``take`` joins it afresh, with ``data()`` as it is then.
     """
 
     def __init__(
@@ -39,6 +43,8 @@ class Seat:
         member_id: str,
         runner: ElectedRunner[Any],
         wake: Callable[[], None],
+        *,
+        rejoin: bool = True,
     ) -> None:
         self._session = session
         self._root = root
@@ -47,8 +53,10 @@ class Seat:
         self._wake = wake
         self._membership = GroupMembership(session, root)
         self._election = LeaderElection(session, root)
+        self._rejoin = rejoin
         self._registered = False
         self._leaderless = True
+        self._restand = False
 
     def take(self, data: Callable[[], bytes]) -> bool:
         """Join the group with ``data()`` unless joined, then stand if nobody leads. False (call
@@ -59,12 +67,16 @@ class Seat:
             self._registered = self._join(data())
             if not self._registered:
                 return False
-        if self._leaderless:
+        if self._leaderless or self._restand:
             self._stand()
+            self._restand = False
         return True
 
-    def lost(self) -> None:
-        """The session was lost: the membership is void, ``take`` joins again."""
+    def lost(self, new_id: str | None = None) -> None:
+        """The session was lost: the membership is void, ``take`` joins again (as ``new_id`` if
+        given: a seat without ``rejoin`` must be given one)."""
+        if new_id is not None:
+            self._id, self._restand = new_id, True  # the old id's candidacy went with the session
         self._registered = False
 
     def close(self) -> None:
@@ -84,7 +96,7 @@ class Seat:
     def _join(self, data: bytes) -> bool:
         try:
             if not self._session.holds_member(self._root, self._id):
-                self._membership.join(self._id, data)
+                self._session.join(self._root, self._id, data, rejoin=self._rejoin)
         except MemberExistsError:
             log.info("member %s of %r still held by an expiring session; retrying", self._id, self._root)
             return False
@@ -95,7 +107,7 @@ class Seat:
             return
         if self._id in sorted(self._membership.members())[:CANDIDATES]:
             try:
-                self._election.nominate(self._id)
+                self._session.nominate(self._root, self._id, rejoin=self._rejoin)
             except MemberExistsError:
                 log.info(
                     "candidate %s of %r still held by an expiring session; retrying", self._id, self._root
