@@ -18,7 +18,8 @@ through node 1's proxy is told of every broker at its proxy
 Replication: every topic defaults to replication factor 3 and
 ``min.insync.replicas=2``, ``__consumer_offsets`` too; a follower that
 fetches nothing for ``REPLICA_LAG_MS`` leaves the ISR, a broker silent for
-3 s is fenced. Each JVM runs with a 384 MiB heap and SerialGC.
+2 s is fenced; no automatic preferred-leader election moves a partition
+back once its preferred replica returns. Each JVM runs with a 384 MiB heap and SerialGC.
 
 ``status`` reports a node's KRaft role (``leader``: the active controller) and
 the epoch of its quorum state (its own ``quorum-state`` file, read when the
@@ -149,6 +150,8 @@ def _settings(
         "share.coordinator.state.topic.replication.factor": replicas,
         "share.coordinator.state.topic.min.isr": min_isr,
         "replica.lag.time.max.ms": str(REPLICA_LAG_MS),
+        # Leadership moves on faults only, never back to a preferred replica at a random moment of a test.
+        "auto.leader.rebalance.enable": "false",
         "broker.session.timeout.ms": str(BROKER_SESSION_MS),
         "broker.heartbeat.interval.ms": str(BROKER_SESSION_MS // 8),
         "controller.quorum.fetch.timeout.ms": str(QUORUM_FETCH_MS),
