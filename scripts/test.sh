@@ -8,7 +8,8 @@
 #      the storage, session and errors sections on the secured servers
 #      (entries NAME:secure, `consensus servers run NAME --secure`); then the
 #      whole suite on a 3-node ZooKeeper ensemble and a 3-member etcd cluster,
-#      whose faults section adds the cluster tests (entries NAME:cluster,
+#      and the faults section on a 3-node Kafka cluster (KRaft), whose faults
+#      section adds the cluster tests (entries NAME:cluster,
 #      `consensus servers run NAME --nodes 3`);
 #   3. the project's own tests (two pytest-xdist workers) beside tooz's own
 #      suite through our tooz driver on every plain backend;
@@ -26,10 +27,13 @@ bash scripts/install.sh || exit 2
 bash scripts/venv.sh || exit 2
 export PATH="$ROOT/.venv/bin:$PATH"
 out=$(mktemp -d "${TMPDIR:-/tmp}/consensus-test.XXXXXX")
-backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka redis postgresql:secure zookeeper:secure etcd:secure kafka:secure redis:secure zookeeper:cluster etcd:cluster}
+backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka redis postgresql:secure zookeeper:secure etcd:secure kafka:secure redis:secure zookeeper:cluster etcd:cluster kafka:cluster}
 # On secured servers: the security section plus the contract's core over TLS with auth (the whole suite
 # passes there too; `consensus servers run NAME --secure -- consensus conformance '$CONSENSUS_URL'`).
 secure_select=${CONSENSUS_SECURE_SELECT:-test_security or test_storage or test_session or test_errors}
+# On the 3-node Kafka cluster: the faults section only (cluster tests included); the other sections run
+# on the single node, and three more JVMs beside the other clusters' whole suites are what two cores allow.
+kafka_cluster_select=${CONSENSUS_KAFKA_CLUSTER_SELECT:-test_faults}
 plain=$(for b in $backends; do [ "${b%%:*}" = "$b" ] && printf '%s ' "$b"; done)   # tooz and chaos run there
 clusters=$(for b in $backends; do [ "${b%:cluster}" = "$b" ] || printf '%s ' "$b"; done)   # and chaos here
 chaos_seconds=${CONSENSUS_CHAOS_SECONDS:-30}
@@ -51,7 +55,8 @@ conform() {  # one conformance run in the background: entry [selection [suffix o
     local run=(consensus servers run "$b" --)
     case ${entry#"$b"} in
         :secure) run=(consensus servers run "$b" --secure --); select=$secure_select ;;
-        :cluster) run=(consensus servers run "$b" --nodes 3 --) ;;   # 3 nodes (ZooKeeper: 128 MiB heap each)
+        :cluster) run=(consensus servers run "$b" --nodes 3 --)   # 3 nodes (ZooKeeper: 128 MiB heap each)
+            [ "$b" = kafka ] && select=$kafka_cluster_select ;;   # Kafka: 384 MiB each, faults only
     esac
     [ -n "${2:-}" ] && select=$2
     # the faults section's measured timings go to $out/<entry>-timings.json (docs/guarantees.md)

@@ -16,6 +16,7 @@ import json, os, time
 from pathlib import Path
 from kafka.admin import KafkaAdminClient, NewTopic
 from consensus_api.testing.cluster import ClusterHandle
+from consensus_api.testing.proxy import ProxyGroup
 cluster = ClusterHandle.attach(Path(os.environ['CONSENSUS_CONTROL']))
 assert os.environ['CONSENSUS_URL'] == cluster.url and cluster.url.count(',') == 2, cluster.url
 admin = KafkaAdminClient(bootstrap_servers=cluster.url.split('//')[1].split(','))
@@ -24,6 +25,11 @@ admin.create_topics([NewTopic('t', 1, -1)])
 [topic] = admin.describe_topics(['t'])
 assert len(topic['partitions'][0]['replica_nodes']) == 3, topic
 admin.close()
+with ProxyGroup(cluster.fronts) as group:  # through node 1's proxy, every broker is at its proxy
+    admin = KafkaAdminClient(bootstrap_servers=group.url_for(cluster.url).split('//')[1])
+    ports = sorted(b['port'] for b in admin.describe_cluster()['brokers'])
+    admin.close()
+    assert len(group.proxies) == 3 and ports == sorted(p.port for p in group.proxies), (ports, group)
 leader = cluster.wait_leader(30)
 epoch = cluster.status(leader).term
 cluster.kill(leader)
@@ -43,9 +49,10 @@ print(json.dumps({'pids': pids, 'dir': str(cluster.directory)}))
 
 def test_kafka_cluster_under_servers_run(tmp_path: Path) -> None:
     """``consensus servers run kafka --nodes 3``: the URL names three brokers, all registered; a topic
-    gets 3 replicas by default; the controller leader is killed, another leads in a higher epoch and
-    the node rejoins; the group coordinator and the topic's leader are named and the latter serves
-    the session; nothing is left running after."""
+    gets 3 replicas by default; a client bootstrapping through node 1's proxy is told of every broker
+    at its proxy (``ClusterHandle.fronts``); the controller leader is killed, another leads in a
+    higher epoch and the node rejoins; the group coordinator and the topic's leader are named and
+    the latter serves the session; nothing is left running after."""
     script = tmp_path / "check.py"
     script.write_text(CHECK)
     result = subprocess.run(

@@ -82,6 +82,12 @@ class TestProfile:
     ``CONSENSUS_TEST_STOP_IN_FENCED_WRITE`` (``conformance/worker.py``): its next
     fenced write stops the process inside its transaction. Otherwise the
     frozen-leader test stops the process while a write is in flight.
+    ``restart_delay``: seconds a cluster node of this backend may take, once
+    started again after a SIGKILL, beyond what a ZooKeeper or etcd node takes to
+    vote and serve (a JVM's start, a broker's re-registration). The quorum-loss
+    test adds it to its session's timeout: the guarantee is that a session
+    survives a quorum loss the cluster recovers from within session_timeout,
+    and the test checks that premise too.
     """
 
     __test__ = False  # not a pytest test class despite its name
@@ -94,6 +100,7 @@ class TestProfile:
     not_applicable: Mapping[str, str] = field(default_factory=dict)
     credentials_in_url: bool = True
     stops_inside_write: bool = False
+    restart_delay: float = 0.0
 
     def __post_init__(self) -> None:
         unknown = set(self.not_applicable) - set(MARKERS)

@@ -49,7 +49,7 @@ from consensus_api.conformance.faults_support import (
 from consensus_api.conformance.helpers import EventLog, SessionFactory, unique, wait_until
 from consensus_api.conformance.plugin import WorkerFactory
 from consensus_api.testing.faults import expire_session
-from consensus_api.testing.proxy import TcpProxy
+from consensus_api.testing.proxy import ProxyGroup
 
 if TYPE_CHECKING:
     from consensus_api.testing import ServerHandle
@@ -59,15 +59,16 @@ PAUSE = max(SESSION_TIMEOUT, CALL_LIMIT) + 0.5
 
 
 @pytest.fixture
-def proxy(consensus_server: ServerHandle) -> Iterator[TcpProxy]:
-    """A TCP proxy in front of the tested server (on the port Kafka advertises for it)."""
-    with TcpProxy(consensus_server.proxy_target, listen_port=consensus_server.proxy_port or 0) as opened:
+def proxy(consensus_server: ServerHandle) -> Iterator[ProxyGroup]:
+    """TCP proxies in front of the tested server (``ServerHandle.fronts``: on the ports Kafka advertises
+    for them; on a cluster, node 1's and every node a client through it is sent on to)."""
+    with ProxyGroup(consensus_server.fronts) as opened:
         yield opened
 
 
 @pytest.fixture
 def open_proxied(
-    proxy: TcpProxy, consensus_url: str, consensus_options: dict[str, object]
+    proxy: ProxyGroup, consensus_url: str, consensus_options: dict[str, object]
 ) -> Iterator[SessionFactory]:
     """``open_proxied(**options)``: a session that reaches the server through ``proxy``; closed at the end."""
     sessions: list[Session] = []
@@ -262,7 +263,7 @@ def test_server_side_session_expiry(
 
 @pytest.mark.requires_server
 def test_client_cut_off_from_running_server(
-    proxy: TcpProxy,
+    proxy: ProxyGroup,
     open_proxied: SessionFactory,
     consensus_open_session: SessionFactory,
     consensus_ns: str,
@@ -313,7 +314,7 @@ def test_client_cut_off_from_running_server(
 
 @pytest.mark.requires_server
 def test_connections_reset_briefly(
-    proxy: TcpProxy, open_proxied: SessionFactory, consensus_ns: str, consensus_record: Record
+    proxy: ProxyGroup, open_proxied: SessionFactory, consensus_ns: str, consensus_record: Record
 ) -> None:
     """Every connection of a client reset and new ones refused for half a second (far less than the
     session timeout): the session rides it out - never LOST, CONNECTED again with its member and the

@@ -45,7 +45,8 @@ def netns(consensus_server: ServerHandle) -> Iterator[NetworkNamespace]:
     """A network namespace whose 127.0.0.1, at the port clients use, leads to the tested server across
     a link that can be cut."""
     with NetworkNamespace() as opened:
-        opened.forward(consensus_server.proxy_port or consensus_server.port, consensus_server.proxy_target)
+        for listen, target in consensus_server.fronts:  # a cluster: each node a client is sent on to
+            opened.forward(listen or consensus_server.port, target)
         yield opened
 
 

@@ -204,6 +204,12 @@ class ServerHandle:
         self._control: Path | None = None
         self._stopped = False
 
+    @property
+    def fronts(self) -> list[tuple[int, int]]:
+        """(listen port, 0 for any; target port) of each TCP proxy that together cut a client off this
+        server (``proxy.ProxyGroup``); a client's URL names the first."""
+        return [(self.proxy_port or 0, self.proxy_target)]
+
     def __repr__(self) -> str:
         return f"<ServerHandle {self.name} {redact_text(self.url)} pid={self._pid_or_none()}>"
 

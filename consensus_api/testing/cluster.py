@@ -110,6 +110,16 @@ class ClusterHandle:
     # Nodes
 
     @property
+    def fronts(self) -> list[tuple[int, int]]:
+        """Node 1's proxy front (``ServerHandle.fronts``), then every other node's that advertises a
+        proxied listener (Kafka: a client that bootstraps through node 1's proxy is told of every
+        broker at its own proxy's port)."""
+        first, *others = self.nodes
+        return first.fronts + [
+            front for node in others if node.proxy_port is not None for front in node.fronts
+        ]
+
+    @property
     def ids(self) -> list[int]:
         """The node numbers, from 1."""
         return list(range(1, len(self.nodes) + 1))

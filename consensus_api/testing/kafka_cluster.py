@@ -9,12 +9,17 @@ a node names each peer's controller at the proxy of its link
 replicas over a listener of its own (node ``n``'s inter-broker listener is
 ``FROMn``, which every node serves and advertises at the proxy of the link
 ``"n>m:broker"``), so ``isolate(n)`` stalls the Raft and the replication
-traffic of node ``n`` only.
+traffic of node ``n`` only. Like the single node, every node also has a
+``PROXIED`` listener advertised at a port where nothing listens until a test
+puts a proxy there (``ServerHandle.proxy_port``): a client that bootstraps
+through node 1's proxy is told of every broker at its proxy
+(``ClusterHandle.fronts``), so one ``ProxyGroup`` cuts it off the whole cluster.
 
 Replication: every topic defaults to replication factor 3 and
 ``min.insync.replicas=2``, ``__consumer_offsets`` too; a follower that
 fetches nothing for ``REPLICA_LAG_MS`` leaves the ISR, a broker silent for
-3 s is fenced. Each JVM runs with a 384 MiB heap and SerialGC.
+2 s is fenced; no automatic preferred-leader election moves a partition
+back once its preferred replica returns. Each JVM runs with a 384 MiB heap and SerialGC.
 
 ``status`` reports a node's KRaft role (``leader``: the active controller) and
 the epoch of its quorum state (its own ``quorum-state`` file, read when the
@@ -59,6 +64,7 @@ def start_cluster(workdir: Path | None, nodes: int) -> ClusterHandle:
     directory = Path(tempfile.mkdtemp(prefix="kafka-cluster-", dir=workdir))
     ids = range(1, nodes + 1)
     client = {n: free_port() for n in ids}
+    proxied = {n: (free_port(), free_port()) for n in ids}  # node n's PROXIED port and the one it advertises
     controller = {n: free_port() for n in ids}
     inbound = {(s, n): free_port() for n in ids for s in ids}  # node n's listener FROMs
     links: dict[str, tuple[int, int]] = {}
@@ -85,8 +91,8 @@ def start_cluster(workdir: Path | None, nodes: int) -> ClusterHandle:
                 voters=voters,
                 client=client[n],
                 controller=controller[n],
-                own=own,
-                advertised=advertised,
+                own={**own, "PROXIED": proxied[n][0]},
+                advertised={**advertised, "PROXIED": proxied[n][1]},
             )
             handles.append(
                 _node(
@@ -97,6 +103,7 @@ def start_cluster(workdir: Path | None, nodes: int) -> ClusterHandle:
                     settings=settings,
                     cluster_id=cluster_id,
                     port=client[n],
+                    proxied=proxied[n],
                 )
             )
     except BaseException:
@@ -121,7 +128,7 @@ def _settings(
 ) -> dict[str, str]:
     """Node ``node``'s settings over the single node's (``kafka._server_properties``)."""
     replicas, min_isr = str(min(3, nodes)), str(min(2, nodes))
-    names = ["PLAINTEXT", "CONTROLLER", *own]
+    names = ["PLAINTEXT", "CONTROLLER", *own]  # own: the FROMn listeners and PROXIED
     return {
         "node.id": str(node),
         "controller.quorum.voters": voters,
@@ -143,6 +150,8 @@ def _settings(
         "share.coordinator.state.topic.replication.factor": replicas,
         "share.coordinator.state.topic.min.isr": min_isr,
         "replica.lag.time.max.ms": str(REPLICA_LAG_MS),
+        # Leadership moves on faults only, never back to a preferred replica at a random moment of a test.
+        "auto.leader.rebalance.enable": "false",
         "broker.session.timeout.ms": str(BROKER_SESSION_MS),
         "broker.heartbeat.interval.ms": str(BROKER_SESSION_MS // 8),
         "controller.quorum.fetch.timeout.ms": str(QUORUM_FETCH_MS),
@@ -161,8 +170,10 @@ def _node(
     settings: Mapping[str, str],
     cluster_id: str,
     port: int,
+    proxied: tuple[int, int],
 ) -> ServerHandle:
-    """The (formatted, not yet started) node ``node``, clients on ``port``."""
+    """The (formatted, not yet started) node ``node``, clients on ``port``; ``proxied``: its PROXIED
+    listener's port and the port it advertises for it (``ServerHandle.proxy_port``)."""
     directory.mkdir(parents=True)
     base = _server_properties(directory, port, 0, 0, 0)
     lines = [line for line in base.splitlines() if line.partition("=")[0] not in settings]
@@ -180,6 +191,8 @@ def _node(
         directory,
         command=[java, *JVM, *common, "kafka.Kafka", str(config)],
         probe=lambda: probe(port),
+        proxy_port=proxied[1],
+        proxy_target=proxied[0],
     )
     format_command = [
         java,

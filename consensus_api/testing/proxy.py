@@ -34,6 +34,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from consensus_api.closing import Closing
@@ -241,6 +242,51 @@ class TcpProxy(Closing):
             if self._replies_left <= 0:
                 self._replies_left = None
                 self._flowing.clear()
+
+
+class ProxyGroup(Closing):
+    """One ``TcpProxy`` per ``(listen port, target port)`` of ``fronts`` (``ServerHandle.fronts``; listen
+    port 0: any free one), faulted together: ``stall``, ``drop`` and ``heal`` act on every proxy;
+    ``url_for`` names the first. A client that every server sends on to one of these ports (Kafka's
+    advertised listeners) is cut off as a whole."""
+
+    def __init__(self, fronts: Sequence[tuple[int, int]]) -> None:
+        if not fronts:
+            raise ValueError("a ProxyGroup needs at least one (listen port, target port)")
+        self.proxies: list[TcpProxy] = []
+        try:
+            for listen, target in fronts:
+                self.proxies.append(TcpProxy(target, listen_port=listen))
+        except BaseException:
+            self.close()
+            raise
+
+    def stall(self) -> None:
+        """``TcpProxy.stall`` on every proxy."""
+        for proxy in self.proxies:
+            proxy.stall()
+
+    def drop(self) -> None:
+        """``TcpProxy.drop`` on every proxy."""
+        for proxy in self.proxies:
+            proxy.drop()
+
+    def heal(self) -> None:
+        """``TcpProxy.heal`` on every proxy."""
+        for proxy in self.proxies:
+            proxy.heal()
+
+    def url_for(self, url: str) -> str:
+        """``url`` through the first proxy."""
+        return self.proxies[0].url_for(url)
+
+    def close(self) -> None:
+        """Close every proxy; idempotent."""
+        for proxy in self.proxies:
+            proxy.close()
+
+    def __repr__(self) -> str:
+        return f"<ProxyGroup {self.proxies}>"
 
 
 def url_at(url: str, host: str, port: int) -> str:

@@ -58,6 +58,9 @@ class Channel:
         self._manager = self._client._manager
         self._coordinators: dict[str, str] = {}
         self._leader: int | None = None
+        #: The leader epoch of ``_leader`` as the metadata that named it said (-1: unknown).
+        self._epoch = -1
+        self._checked = 0  # how many leader checks were sent (round robin over the other brokers)
         self._lock = threading.Lock()
 
     def open(self, deadline: float) -> None:
@@ -156,8 +159,9 @@ class Channel:
             return None
         if error is not kerrors.NoError:
             raise error(f"metadata of topic {topic}")
-        leaders = [p.leader_id for p in described.partitions if p.partition_index == 0]
-        self._leader = leaders[0] if leaders and leaders[0] >= 0 else None
+        found = [(p.leader_id, p.leader_epoch) for p in described.partitions if p.partition_index == 0]
+        leader, epoch = found[0] if found else (-1, -1)
+        self._leader, self._epoch = (leader, epoch) if leader >= 0 else (None, -1)
         return self._leader
 
     async def _create_topic(self, replication: int) -> None:
@@ -190,6 +194,40 @@ class Channel:
     async def probe(self) -> int:
         """A cheap round trip to the log's leader (its end offset), for liveness."""
         return await self._end_offset()
+
+    def leader_hint(self) -> tuple[int, int] | None:
+        """The log's leader and its leader epoch as last learned (by the probe or
+        ``leader_deposed``), or None while unknown."""
+        leader, epoch = self._leader, self._epoch
+        return None if leader is None or epoch < 0 else (leader, epoch)
+
+    async def leader_deposed(self) -> bool:
+        """Whether another broker (the next one in turn) names a newer leader of the log, by leader
+        epoch, than the one the probe asks: then the probe's broker has been cut off from the quorum
+        (it goes on answering as leader) and the newer leader is used from now on. A single-broker
+        cluster, an unknown leader or a broker that does not answer tells nothing (False; errors
+        propagate to the caller, which ignores them)."""
+        leader, epoch = self._leader, self._epoch
+        others = sorted(b.node_id for b in self._manager.cluster.brokers() if b.node_id != leader)
+        if leader is None or epoch < 0 or not others:
+            return False
+        self._checked += 1
+        topic = self._settings.topic
+        request = MetadataRequest(
+            topics=[MetadataRequest.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False
+        )
+        response = await self._manager.send(request, node_id=others[self._checked % len(others)])
+        found = [
+            (p.leader_id, p.leader_epoch)
+            for t in response.topics
+            if t.name == topic and t.error_code == 0
+            for p in t.partitions
+            if p.partition_index == 0
+        ]
+        if not found or found[0][0] < 0 or found[0][1] <= epoch or self._leader != leader:
+            return False
+        self._leader, self._epoch = found[0]
+        return True
 
     async def _end_offset(self) -> int:
         if self._leader is None and await self._topic_leader(False) is None:

@@ -158,6 +158,7 @@ class CommandLog:
         would then time out every write for good.
         """
         producer = self._writer(deadline)
+        self._follow_leader()
         request = next(self._requests)
         slot = self._slots[request] = _Slot()
         headers, value = encode(dataclasses.replace(command, origin=(self._session_id, request)))
@@ -227,8 +228,22 @@ class CommandLog:
             ):
                 raise timeout_error("the command log reader to catch up")
 
+    def _follow_leader(self) -> None:
+        """Give the producer's and the reader's metadata the log's leader the channel knows when its
+        leader epoch is newer than theirs: kafka-python takes any broker's metadata whole, a
+        deposed leader's too, which would keep both on a broker cut off from the cluster."""
+        hint = self._channel.leader_hint()
+        if hint is None:
+            return
+        # kafka-python 3.0's metadata attributes (ClusterMetadata.update_partition_leader: newer only)
+        for client, name in ((self._producer, "_metadata"), (self._consumer, "_cluster")):
+            cluster = getattr(client, name, None)
+            if cluster is not None:
+                cluster.update_partition_leader(self._partition, *hint)
+
     def _tail(self) -> None:
         while not self._stopping.is_set():
+            self._follow_leader()
             try:
                 batches = self._consumer.poll(timeout_ms=POLL_MS)
             except Exception:

@@ -4,7 +4,11 @@ Every ``TICK`` seconds (or at once when woken) the driver
 
 * calls :meth:`Member.drive` on every member (the mandatory kafka-python
   driver loop: (re)join when due, poll the heartbeat);
-* probes the cluster with a ListOffsets request every ``probe_interval``;
+* probes the cluster with a ListOffsets request to the command log's leader
+  every ``probe_interval`` and, on a cluster, asks another broker in turn
+  which leader (by leader epoch) the log has: a partitioned leader goes on
+  answering ListOffsets, so a newer leader elsewhere fails the probe once
+  (SUSPENDED) and the probe moves to it (``Channel.leader_deposed``);
 * describes every watched group and every group of its own members every
   ``WATCH_INTERVAL`` while they hold at most ``MEMBERS_PER_WATCH`` members in
   all, proportionally less often above that (at most ``MAX_WATCH_INTERVAL``
@@ -102,6 +106,7 @@ class Driver:
         self._probe_interval = min(0.5, settings.session_timeout / 6)
         self._probe_timeout = max(0.5, min(settings.request_timeout, settings.session_timeout / 3))
         self._probe: Any = None
+        self._check: Any = None  # a Channel.leader_deposed in flight
         self._probe_started = 0.0
         self._last_ok = time.monotonic()
         self._failing = False
@@ -172,9 +177,17 @@ class Driver:
                 self._failing = True
         elif probe is not None and now - self._probe_started > self._probe_timeout:
             self._failing = True
+        check = self._check
+        if check is not None and check.is_done:
+            self._check = None
+            if check.exception is None and check.value:
+                log.warning("the Kafka command log's leader was cut off from the cluster; moving on")
+                self._failing = True  # SUSPENDED until the newer leader answers a probe
         if self._probe is None and now - self._probe_started >= self._probe_interval:
             self._probe_started = now
             self._probe = self._channel.start(self._channel.probe)
+            if self._check is None:
+                self._check = self._channel.start(self._channel.leader_deposed)
 
     def _watch_step(self, now: float, members: list[Member]) -> None:
         with self._wakeup:
