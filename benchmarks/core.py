@@ -36,7 +36,7 @@ class Plan:
     def make(cls, quick: bool) -> Plan:
         """The sizes for a full run, or the scaled-down ``--quick`` ones."""
         if quick:
-            return cls(True, 60, 0.4, 8, 30, 15, {2.0: 2}, 200, 20, 10, 1000, 5, 90.0)
+            return cls(True, 300, 0.4, 8, 150, 60, {2.0: 2}, 200, 20, 10, 1000, 5, 90.0)
         return cls(False, 300, 1.5, 8, 150, 60, {2.0: 8, 10.0: 4}, 5000, 500, 10, 10_000, 20, 600.0)
 
     def scale_note(self) -> str:
