@@ -51,6 +51,12 @@ class Storage:
         namespace = check_namespace(namespace)
         return self._nowait().keys(namespace)
 
+    @property
+    def can_read_nowait(self) -> bool:
+        """Whether ``fetch_nowait`` and ``keys_nowait`` can answer at all (the backend has a
+        ``nowait_reader``); False: they always raise ``WouldBlock``. Does no I/O."""
+        return self._session.backend_for_call().nowait_reader() is not None
+
     def _nowait(self) -> Reader:
         reader = self._session.backend_for_call().nowait_reader()
         if reader is None:

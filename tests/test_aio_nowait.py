@@ -1,4 +1,4 @@
-"""Reads answered on the event loop itself (``aio.connect(inline_reads=True)``, SQLite's
+"""Reads answered on the event loop itself (``aio.connect``'s ``inline_reads``, on by default; SQLite's
 ``nowait_reader``): same results, no wait for a writer, and a task reading in a loop lets others run."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_inline_reads_are_the_reads_of_the_worker_path(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'inline.db'}"
 
     async def main() -> None:
-        async with aio.connect(url, inline_reads=True) as inline, aio.connect(url) as hopping:
+        async with aio.connect(url) as inline, aio.connect(url, inline_reads=False) as hopping:
             version = await hopping.storage.put("app/k", b"v")
             assert await inline.storage.fetch("app/k") == ca.Versioned(b"v", version)
             assert await inline.storage.keys("app") == {"app/k"}
@@ -62,6 +62,11 @@ def test_inline_reads_are_the_reads_of_the_worker_path(tmp_path: Path) -> None:
             inline._session.storage.fetch_nowait = spy  # type: ignore[method-assign]
             await inline.storage.fetch("app/k")
             assert threads == {loop_thread}
+            hopping._session.storage.fetch = spy  # type: ignore[method-assign]
+            hopping._session.storage.fetch_nowait = spy  # type: ignore[method-assign]
+            threads.clear()
+            await hopping.storage.fetch("app/k")
+            assert threads and loop_thread not in threads  # inline_reads=False: on a worker
         with pytest.raises(ca.SessionLostError):
             await inline.storage.fetch("app/k")
 
@@ -72,7 +77,7 @@ def test_inline_reads_are_the_reads_of_the_worker_path(tmp_path: Path) -> None:
 
 def test_a_task_reading_in_a_loop_lets_the_other_tasks_run(tmp_path: Path) -> None:
     async def main() -> None:
-        async with aio.connect(f"sqlite:///{tmp_path / 'hold.db'}", inline_reads=True) as session:
+        async with aio.connect(f"sqlite:///{tmp_path / 'hold.db'}") as session:
             await session.storage.put("app/k", b"v")
             turns = 0
 

@@ -59,9 +59,8 @@ class Bridge:
     abandoned (its effect unknown, like any call cut short).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, workers: int, *, inline: bool = False) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, workers: int) -> None:
         self.loop = loop
-        self._inline = inline
         self._workers = check_workers(workers)
         self._tickets: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._unclaimed: dict[int, tuple[Callable[[], Any], asyncio.Future[Any]]] = {}
@@ -72,16 +71,14 @@ class Bridge:
         self._held_since: float | None = None  # the first inline call since the loop last turned
 
     async def run_nowait(self, nowait: Callable[[], T], call: Callable[[], T]) -> T:
-        """With ``inline``: ``nowait()`` right here on the loop thread; where it raises
-        ``WouldBlock`` (it did nothing), or without ``inline``: ``await run(call)``.
+        """``nowait()`` right here on the loop thread; where it raises ``WouldBlock`` (it did
+        nothing): ``await run(call)``.
 
         ``nowait`` must never wait (``Backend.nowait_reader``): it costs the loop
         one local read. Inline calls made since the loop last ran anything else
         hold it at most ``INLINE_HOLD`` plus one call: then the caller yields one
         turn (``asyncio.sleep(0)``) first. Nothing runs after ``shutdown``.
         """
-        if not self._inline:
-            return await self.run(call)
         while (since := self._held_since) is not None and time.monotonic() - since > INLINE_HOLD:
             await asyncio.sleep(0)
         if self._closed:

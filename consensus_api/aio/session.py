@@ -36,16 +36,18 @@ WALK_BATCH = 256
 
 
 def connect(
-    url: str | None = None, *, workers: int = DEFAULT_WORKERS, inline_reads: bool = False, **options: Any
+    url: str | None = None, *, workers: int = DEFAULT_WORKERS, inline_reads: bool = True, **options: Any
 ) -> Connecting:
     """Open a session like ``consensus_api.connect`` (same URL resolution and options) without
     blocking the running loop; ``workers`` bounds the threads its blocking calls run on.
 
-    ``inline_reads=True`` runs ``storage.fetch`` and ``storage.keys`` on the loop itself where the
-    backend answers them without taking a lock another caller may hold (SQLite in WAL mode:
-    ``Backend.nowait_reader``), saving the hop to a worker thread. Off by default: such a read
-    still waits if another process is frozen inside the microseconds SQLite holds a WAL read-mark
-    lock, up to about 10 s (then it fails over to a worker), and that wait would hold the loop.
+    ``inline_reads`` (on by default) runs ``storage.fetch`` and ``storage.keys`` on the loop itself
+    where the backend answers them without taking a lock another caller may hold (SQLite in WAL
+    mode: ``Storage.can_read_nowait``), saving the hop to a worker thread; elsewhere, or where such
+    a read would wait, they run on a worker like every other call. The one wait left: a SQLite read
+    retries for up to about 10 s while another process is frozen (SIGSTOP) inside the microseconds
+    SQLite holds a WAL read-mark lock exclusively, and that would hold the loop;
+    ``inline_reads=False`` rules it out at the cost of the hop.
 
     Use as ``async with aio.connect(url) as session:`` or ``session = await aio.connect(url)``.
     """
@@ -66,13 +68,14 @@ class Connecting:
         self._opened: AsyncSession | None = None
 
     async def _open(self) -> AsyncSession:
-        bridge = Bridge(asyncio.get_running_loop(), self._workers, inline=self._inline_reads)
+        bridge = Bridge(asyncio.get_running_loop(), self._workers)
         try:
             opened = await bridge.run(self._open_session)
         except BaseException:
             bridge.shutdown()
             raise
-        return AsyncSession(opened, bridge)
+        inline_reads = self._inline_reads and opened.storage.can_read_nowait
+        return AsyncSession(opened, bridge, inline_reads=inline_reads)
 
     def __await__(self) -> Generator[Any, None, AsyncSession]:
         return self._open().__await__()
@@ -93,11 +96,11 @@ class AsyncSession:
     (it runs on the session's thread pool), events are async iterators. Same guarantees as the
     synchronous session; ``async with`` closes it on exit."""
 
-    def __init__(self, session: sync.Session, bridge: Bridge) -> None:
+    def __init__(self, session: sync.Session, bridge: Bridge, *, inline_reads: bool = False) -> None:
         self._session = session
         self._bridge = bridge
         self._streams: set[EventStream[Any]] = set()
-        self.storage = AsyncStorage(session, bridge)
+        self.storage = AsyncStorage(session, bridge, inline_reads=inline_reads)
         self.listeners = AsyncListeners(session.listeners, self._stream)
 
     @property
@@ -212,17 +215,20 @@ class AsyncSession:
 
 
 class AsyncStorage:
-    """``Storage`` as awaitables: same arguments, checks, results and errors. ``fetch`` and ``keys``
-    run on the loop itself with ``connect(inline_reads=True)`` where the backend answers them
-    without waiting (SQLite)."""
+    """``Storage`` as awaitables: same arguments, checks, results and errors. With ``inline_reads``
+    ``fetch`` and ``keys`` run on the loop itself where the backend answers them without waiting
+    (SQLite), else on a worker."""
 
-    def __init__(self, session: sync.Session, bridge: Bridge) -> None:
+    def __init__(self, session: sync.Session, bridge: Bridge, *, inline_reads: bool) -> None:
         self._storage = session.storage
         self._bridge = bridge
+        self._inline_reads = inline_reads
 
     async def fetch(self, key: str) -> Versioned | None:
         """The value and version of ``key``, or None."""
         storage = self._storage
+        if not self._inline_reads:
+            return await self._bridge.run(partial(storage.fetch, key))
         return await self._bridge.run_nowait(partial(storage.fetch_nowait, key), partial(storage.fetch, key))
 
     async def put(self, key: str, value: bytes, *, fence: Leadership | None = None) -> int:
@@ -244,6 +250,8 @@ class AsyncStorage:
     async def keys(self, namespace: str = "") -> frozenset[str]:
         """The keys one level below ``namespace``."""
         storage = self._storage
+        if not self._inline_reads:
+            return await self._bridge.run(partial(storage.keys, namespace))
         return await self._bridge.run_nowait(
             partial(storage.keys_nowait, namespace), partial(storage.keys, namespace)
         )

@@ -110,23 +110,32 @@ def test_aio_storage_results_and_errors(run_async: Any, consensus_ns: str) -> No
 
 
 def test_aio_inline_reads_are_linearizable(run_async: Any, consensus_ns: str) -> None:
-    """With ``inline_reads=True`` (reads on the loop where the backend answers without waiting),
-    a read sees every write completed before it, by any session, and the loop is never blocked."""
+    """With inline reads (the default: on the loop where the backend answers without waiting) and
+    without them, a read sees every write completed before it, by any session, and the loop is
+    never blocked."""
 
     async def main(open_session: Any) -> None:
-        async with open_session(inline_reads=True) as reader, open_session() as writer:
+        async with (
+            open_session() as inline,
+            open_session(inline_reads=False) as hopping,
+            open_session() as writer,
+        ):
             key = f"{consensus_ns}/inline"
-            assert await reader.storage.fetch(key) is None
+            for reader in (inline, hopping):
+                assert await reader.storage.fetch(key) is None
             for number in range(20):
                 value = str(number).encode()
                 if number == 0:
                     version = await writer.storage.put(key, value)
                 else:
                     version = await writer.storage.update(key, value)
-                assert await reader.storage.fetch(key) == Versioned(value, version)
-            assert await reader.storage.keys(consensus_ns) == {key}
+                for reader in (inline, hopping):
+                    assert await reader.storage.fetch(key) == Versioned(value, version)
+            for reader in (inline, hopping):
+                assert await reader.storage.keys(consensus_ns) == {key}
             await writer.storage.delete(key)
-            assert await reader.storage.fetch(key) is None
+            for reader in (inline, hopping):
+                assert await reader.storage.fetch(key) is None
 
     run_async(main)
 
