@@ -146,12 +146,13 @@ class Channel:
         """The log's end offset (its high watermark): every acknowledged write lies below it."""
         return int(self.retry(deadline, self._end_offset))
 
+    def _metadata_request(self) -> MetadataRequest:
+        topic = MetadataRequest.MetadataRequestTopic(name=self._settings.topic)
+        return MetadataRequest(topics=[topic], allow_auto_topic_creation=False)
+
     async def _topic_leader(self, create: bool) -> int | None:
         topic = self._settings.topic
-        request = MetadataRequest(
-            topics=[MetadataRequest.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False
-        )
-        response = await self._manager.send(request)
+        response = await self._manager.send(self._metadata_request())
         [described] = [t for t in response.topics if t.name == topic]
         error = kerrors.for_code(described.error_code)
         if error is kerrors.UnknownTopicOrPartitionError and create:
@@ -159,8 +160,7 @@ class Channel:
             return None
         if error is not kerrors.NoError:
             raise error(f"metadata of topic {topic}")
-        found = [(p.leader_id, p.leader_epoch) for p in described.partitions if p.partition_index == 0]
-        leader, epoch = found[0] if found else (-1, -1)
+        leader, epoch = _log_leader(described)
         self._leader, self._epoch = (leader, epoch) if leader >= 0 else (None, -1)
         return self._leader
 
@@ -212,21 +212,16 @@ class Channel:
         if leader is None or epoch < 0 or not others:
             return False
         self._checked += 1
-        topic = self._settings.topic
-        request = MetadataRequest(
-            topics=[MetadataRequest.MetadataRequestTopic(name=topic)], allow_auto_topic_creation=False
+        response = await self._manager.send(
+            self._metadata_request(), node_id=others[self._checked % len(others)]
         )
-        response = await self._manager.send(request, node_id=others[self._checked % len(others)])
-        found = [
-            (p.leader_id, p.leader_epoch)
-            for t in response.topics
-            if t.name == topic and t.error_code == 0
-            for p in t.partitions
-            if p.partition_index == 0
+        named = [
+            _log_leader(t) for t in response.topics if t.name == self._settings.topic and t.error_code == 0
         ]
-        if not found or found[0][0] < 0 or found[0][1] <= epoch or self._leader != leader:
+        newer_leader, newer_epoch = named[0] if named else (-1, -1)
+        if newer_leader < 0 or newer_epoch <= epoch or self._leader != leader:
             return False
-        self._leader, self._epoch = found[0]
+        self._leader, self._epoch = newer_leader, newer_epoch
         return True
 
     async def _end_offset(self) -> int:
@@ -344,3 +339,11 @@ def _ms_left(deadline: float) -> int:
 
 def _left(deadline: float) -> float:
     return max(0.01, deadline - time.monotonic())
+
+
+def _log_leader(described: Any) -> tuple[int, int]:
+    """The leader id and leader epoch of the log's one partition in a topic's metadata answer;
+    (-1, -1) while it names none."""
+    return next(
+        ((p.leader_id, p.leader_epoch) for p in described.partitions if p.partition_index == 0), (-1, -1)
+    )
