@@ -23,7 +23,7 @@ from consensus_api.conformance.profile import SINGLE_SERVER, profile_for
 from consensus_api.errors import ConfigurationError
 from consensus_api.history.runner import ChaosOptions
 from consensus_api.testing import start_cluster
-from consensus_api.testing._process import HOST, free_port
+from consensus_api.testing._host import HOST, free_port
 from consensus_api.testing.cluster import ClusterHandle, link_name, links_of
 from consensus_api.testing.links import Links
 

@@ -23,7 +23,7 @@ from consensus_api.backend import Target, TargetKind
 from consensus_api.config import build_options, parse_url
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing._process import HOST
+from consensus_api.testing._host import HOST
 from consensus_api.testing.proxy import TcpProxy
 from consensus_backends.etcd import EtcdBackend
 from consensus_backends.etcd import backend as etcd_backend

@@ -15,7 +15,8 @@ import pytest
 import consensus_api as ca
 from consensus_api.conformance.helpers import EventLog
 from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing._process import HOST, free_port, launch
+from consensus_api.testing._host import HOST, free_port
+from consensus_api.testing._process import launch
 from consensus_api.testing.certificates import write_certificates
 from consensus_api.testing.etcd import binary as etcd_binary
 from consensus_api.testing.etcd import member_command

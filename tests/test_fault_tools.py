@@ -22,7 +22,7 @@ from consensus_api.config import parse_url
 from consensus_api.conformance.profile import TestProfile, moved_to_free_port, profile_for
 from consensus_api.errors import ConfigurationError
 from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing._process import HOST
+from consensus_api.testing._host import HOST
 from consensus_api.testing.etcd import probe
 from consensus_api.testing.netns import NetworkNamespace, why_unavailable
 from consensus_api.testing.proxy import TcpProxy

@@ -23,7 +23,7 @@ import consensus_api as ca
 from consensus_api import BackendUnavailableError
 from consensus_api.migrate import LEDGER, Action, MigrationConflictError, Report, migrate
 from consensus_api.testing import ServerHandle
-from consensus_api.testing._process import HOST, free_port
+from consensus_api.testing._host import HOST, free_port
 
 
 class StopCopyError(Exception):

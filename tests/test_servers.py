@@ -19,7 +19,8 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
 from consensus_api.testing import LAUNCHER_GROUP, SERVER_NAMES, ServerHandle, start_server
-from consensus_api.testing._process import launch, tcp_request
+from consensus_api.testing._host import tcp_request
+from consensus_api.testing._process import launch
 from consensus_api.testing.etcd import BINARY_VARIABLE as ETCD_BINARY_VARIABLE
 from consensus_api.testing.etcd import ETCD_VERSION
 from consensus_api.testing.etcd import probe as etcd_probe

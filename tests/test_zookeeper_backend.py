@@ -30,7 +30,7 @@ from consensus_api import (
 )
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing._process import HOST, free_port, tcp_request
+from consensus_api.testing._host import HOST, free_port, tcp_request
 from consensus_api.testing.certificates import Impostor
 from consensus_backends.zookeeper import ZooKeeperBackend
 from consensus_backends.zookeeper.paths import decode_name, encode_name

@@ -17,10 +17,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -34,91 +32,7 @@ from mirakuru import SimpleExecutor
 from mirakuru.exceptions import ProcessFinishedWithError
 
 from consensus_api.config import redact_text
-
-HOST = "127.0.0.1"
-_issued_ports: set[int] = set()
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port() -> int:
-    """Return a loopback port that was free a moment ago and never handed out before by this process.
-
-    Ports come from below the ephemeral range: a port bind(0) hands out may be taken as the local
-    port of any outgoing connection before the server binds it.
-    """
-    high = _ephemeral_low() - 1
-    for _ in range(200):
-        port = random.randint(min(10000, high // 2), high)
-        if port in _issued_ports:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((HOST, port))
-            except OSError:
-                continue
-        _issued_ports.add(port)
-        return port
-    raise RuntimeError("no free loopback port found")
-
-
-def cache_dir() -> Path:
-    """The cache shared with scripts/install.sh: ``$CONSENSUS_CACHE`` or ``~/.cache/consensus-api``."""
-    return Path(os.environ.get("CONSENSUS_CACHE") or Path.home() / ".cache" / "consensus-api")
-
-
-def java_binary() -> str:
-    """``java`` on PATH; RuntimeError naming scripts/install.sh when missing."""
-    java = shutil.which("java")
-    if java is None:
-        raise RuntimeError("java not found: run scripts/install.sh")
-    return java
-
-
-def log_tail(path: Path, lines: int = 40) -> str:
-    """Return the last ``lines`` lines of a log file, or a note that it is missing."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        return f"<no log: {exc}>"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def run_checked(cmd: Sequence[str], log: Path, what: str, timeout: float = 120, **kwargs: Any) -> None:
-    """Run a setup command, output appended to ``log``; RuntimeError with the log tail on failure."""
-    with log.open("ab") as out:
-        try:
-            proc = subprocess.run(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                check=False,
-                **kwargs,
-            )
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"{what} timed out after {timeout}s\n{log_tail(log)}") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed with exit code {proc.returncode}\n{log_tail(log)}")
-
-
-def tcp_request(port: int, payload: bytes, timeout: float = 1.0) -> bytes:
-    """Send ``payload`` to HOST:port and return everything read until the peer closes (b"" on any error)."""
-    try:
-        with socket.create_connection((HOST, port), timeout=timeout) as sock:
-            sock.sendall(payload)
-            chunks = []
-            while chunk := sock.recv(4096):
-                chunks.append(chunk)
-            return b"".join(chunks)
-    except OSError:
-        return b""
+from consensus_api.testing._host import HOST, log_tail
 
 
 def _descendants(pid: int) -> list[int]:

@@ -38,7 +38,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from consensus_api.testing._process import HOST, ServerHandle
+from consensus_api.testing._host import HOST
+from consensus_api.testing._process import ServerHandle
 from consensus_api.testing.links import Links
 
 #: Roles a node reports (``NodeStatus.role``); anything else (looking, candidate...) does not serve.

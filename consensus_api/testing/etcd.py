@@ -27,7 +27,8 @@ from urllib.parse import urlencode
 
 import psutil
 
-from consensus_api.testing._process import HOST, ServerHandle, cache_dir, free_port, launch
+from consensus_api.testing._host import HOST, cache_dir, free_port
+from consensus_api.testing._process import ServerHandle, launch
 from consensus_api.testing.cluster import FOLLOWER, LEADER, NodeStatus
 
 if TYPE_CHECKING:

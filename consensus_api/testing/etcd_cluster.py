@@ -20,7 +20,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from consensus_api.testing._process import HOST, ServerHandle, free_port
+from consensus_api.testing._host import HOST, free_port
+from consensus_api.testing._process import ServerHandle
 from consensus_api.testing.cluster import ClusterHandle, link_name
 from consensus_api.testing.etcd import binary, probe, serves_session, status
 from consensus_api.testing.links import Links

@@ -37,15 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from consensus_api.testing._process import (
-    HOST,
-    ServerHandle,
-    cache_dir,
-    free_port,
-    java_binary,
-    launch,
-    run_checked,
-)
+from consensus_api.testing._host import HOST, cache_dir, free_port, java_binary, run_checked
+from consensus_api.testing._process import ServerHandle, launch
 
 if TYPE_CHECKING:
     from consensus_api.testing.cluster import ClusterHandle, NodeStatus

@@ -38,7 +38,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from consensus_api.testing._process import HOST, ServerHandle, free_port, java_binary, run_checked
+from consensus_api.testing._host import HOST, free_port, java_binary, run_checked
+from consensus_api.testing._process import ServerHandle
 from consensus_api.testing.cluster import FOLLOWER, LEADER, ClusterHandle, NodeStatus, link_name
 from consensus_api.testing.kafka import LOG4J2, TOOL_JVM, _cluster_id, _server_properties, libs_dir, probe
 from consensus_api.testing.links import Links

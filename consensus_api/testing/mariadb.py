@@ -21,7 +21,8 @@ import socket
 import tempfile
 from pathlib import Path
 
-from consensus_api.testing._process import HOST, ServerHandle, free_port, launch, run_checked
+from consensus_api.testing._host import HOST, free_port, run_checked
+from consensus_api.testing._process import ServerHandle, launch
 from consensus_api.testing.postgresql import _as_owner, _make_reachable
 
 START_TIMEOUT = 60.0

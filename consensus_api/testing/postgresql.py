@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from consensus_api.testing._process import HOST, ServerHandle, cache_dir, free_port, launch, run_checked
+from consensus_api.testing._host import HOST, cache_dir, free_port, run_checked
+from consensus_api.testing._process import ServerHandle, launch
 
 START_TIMEOUT = 30.0
 

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from consensus_api.closing import Closing
 
-#: The loopback address every test server listens on (``consensus_api.testing._process.HOST``); kept
+#: The loopback address every test server listens on (``consensus_api.testing._host.HOST``); kept
 #: here too so the proxy works without the launchers' ``testing`` extra.
 HOST = "127.0.0.1"
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from consensus_api.testing._process import HOST, ServerHandle, free_port, java_binary, launch, tcp_request
+from consensus_api.testing._host import HOST, free_port, java_binary, tcp_request
+from consensus_api.testing._process import ServerHandle, launch
 from consensus_api.testing.cluster import NodeStatus
 
 if TYPE_CHECKING:

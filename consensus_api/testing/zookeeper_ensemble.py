@@ -22,7 +22,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from consensus_api.testing._process import HOST, ServerHandle, free_port, java_binary
+from consensus_api.testing._host import HOST, free_port, java_binary
+from consensus_api.testing._process import ServerHandle
 from consensus_api.testing.cluster import ClusterHandle, link_name
 from consensus_api.testing.links import Links
 from consensus_api.testing.zookeeper import _classpath, _command, _write_config, probe, serves_session, status

@@ -27,7 +27,8 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlencode
 
-from consensus_api.testing._process import HOST, ServerHandle, free_port, launch, tcp_request
+from consensus_api.testing._host import HOST, free_port, tcp_request
+from consensus_api.testing._process import ServerHandle, launch
 
 START_TIMEOUT = 30.0
 #: ``consensus_api.testing.has_secure_variant``: ``start(secure=True)`` works.
