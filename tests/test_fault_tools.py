@@ -226,9 +226,9 @@ def test_attach_rejects_an_unreadable_control_file(tmp_path: Path) -> None:
 
 
 PLANTED = """
-from consensus_api.conformance import faults_support
+from consensus_api.conformance import prober
 
-_timed = faults_support.Prober._timed
+_timed = prober.Prober._timed
 
 
 def planted(self, name, call):
@@ -237,7 +237,7 @@ def planted(self, name, call):
     return _timed(self, name, call)
 
 
-faults_support.Prober._timed = planted
+prober.Prober._timed = planted
 """
 
 

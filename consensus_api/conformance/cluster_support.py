@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from consensus_api.conformance.faults_support import (
     CALL_LIMIT,
     REQUEST_TIMEOUT,
-    Prober,
     Record,
     Subject,
     loss_bound,
@@ -27,6 +26,7 @@ from consensus_api.conformance.faults_support import (
     timed_call,
 )
 from consensus_api.conformance.helpers import unique, wait_until
+from consensus_api.conformance.prober import Prober
 from consensus_api.errors import FencedError
 from consensus_api.model import LeaderChanged, Leadership, SessionState
 from consensus_api.session import Session

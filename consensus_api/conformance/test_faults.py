@@ -33,7 +33,6 @@ from consensus_api.conformance.faults_support import (
     CALL_LIMIT,
     FAULT_OPTIONS,
     SESSION_TIMEOUT,
-    Prober,
     Record,
     Subject,
     fenced_lines,
@@ -48,6 +47,7 @@ from consensus_api.conformance.faults_support import (
 )
 from consensus_api.conformance.helpers import EventLog, SessionFactory, unique, wait_until
 from consensus_api.conformance.plugin import WorkerFactory
+from consensus_api.conformance.prober import Prober
 from consensus_api.testing.faults import expire_session
 from consensus_api.testing.proxy import ProxyGroup
 

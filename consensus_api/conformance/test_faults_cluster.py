@@ -31,12 +31,7 @@ from consensus_api.conformance.cluster_support import (
     wait_moved,
     wait_write_after,
 )
-from consensus_api.conformance.faults_support import (
-    CALL_LIMIT,
-    Record,
-    Subject,
-    timed_call,
-)
+from consensus_api.conformance.faults_support import CALL_LIMIT, Record, Subject, timed_call
 from consensus_api.conformance.helpers import SessionFactory, wait_until
 
 if TYPE_CHECKING:

@@ -29,7 +29,6 @@ from consensus_api.conformance.faults_support import (
     CALL_LIMIT,
     FAULT_OPTIONS,
     SESSION_TIMEOUT,
-    Prober,
     Record,
     fenced_lines,
     leading_child,
@@ -38,6 +37,7 @@ from consensus_api.conformance.faults_support import (
 )
 from consensus_api.conformance.helpers import EventLog, SessionFactory, unique, wait_until
 from consensus_api.conformance.plugin import WorkerFactory
+from consensus_api.conformance.prober import Prober
 from consensus_api.conformance.worker import WorkerProcess
 
 #: The writes a frozen leader has queued when it resumes: each must fail with FencedError.

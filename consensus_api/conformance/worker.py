@@ -27,7 +27,7 @@ Commands:
     ``FENCED_PUT error <class>``), ``FENCED put|update|delete KEY`` (the same
     write fenced by that leadership, timed: ``FENCED <op> ok|fenced|<error
     class> <seconds>``), ``PROBE_START NS``, ``PROBE_FAULT begins|ends`` and
-    ``PROBE_STOP BOUND`` (a ``faults_support.Prober`` on keys under NS, the
+    ``PROBE_STOP BOUND`` (a ``prober.Prober`` on keys under NS, the
     fault marked, then ``Prober.finish(BOUND)``: ``PROBED ok <calls> <longest
     seconds> <error classes or -> <calls during the fault>`` or ``PROBED
     failed <message>``, the whole message, with any traceback, on stderr) and
@@ -64,8 +64,8 @@ from consensus_api import (
 )
 from consensus_api.config import parse_url
 from consensus_api.conformance.child import ChildProcess
-from consensus_api.conformance.faults_support import Prober
 from consensus_api.conformance.helpers import EVENT_TIMEOUT
+from consensus_api.conformance.prober import Prober
 from consensus_api.conformance.profile import profile_for
 from consensus_api.session import Session
 
