@@ -108,7 +108,7 @@ def leave(conn: Connection, t: Tables, session_id: str, group: str, member_id: s
 
 def membership(conn: Connection, t: Tables, group: str) -> dict[str, bytes]:
     """The members of ``group`` and their data."""
-    rows = conn.execute(select(t.members.c.member_id, t.members.c.data).where(t.members.c.grp == group))
+    rows = conn.execute(statements.of(conn, t).membership, {"b_group": group})
     return {row.member_id: bytes(row.data) for row in rows}
 
 
@@ -134,11 +134,7 @@ def resign(conn: Connection, t: Tables, session_id: str, service: str, candidate
 
 def leadership(conn: Connection, t: Tables, service: str) -> Leadership | None:
     """The current leader of ``service`` and its term."""
-    row = conn.execute(
-        select(t.leaders.c.leader_id, t.leaders.c.term).where(
-            t.leaders.c.service == service, t.leaders.c.leader_id.is_not(None)
-        )
-    ).first()
+    row = conn.execute(statements.of(conn, t).leadership, {"b_service": service}).first()
     return None if row is None else Leadership(service, row.leader_id, row.term)
 
 

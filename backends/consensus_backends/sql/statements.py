@@ -1,4 +1,5 @@
-"""The hot statements of the key-value operations, the change log and the fence check, built once.
+"""The hot statements of the key-value operations, the change log, the fence check and the reads
+of members and leaders, built once.
 
 Each is built per ``Tables`` and dialect with bind parameters (``:b_*``), so a
 call only binds values: SQLAlchemy skips building the expression and its
@@ -44,6 +45,10 @@ class Statements:
         self.log: Executable = changes.returning(t.changes.c.revision) if self.notify else changes
         self.pg_notify = select(func.pg_notify(t.changes.name, bindparam("b_payload")))
         self.fence_lock, self.fence = self._fence(t, dialect)
+        m, lc = t.members.c, t.leaders.c
+        self.membership = select(m.member_id, m.data).where(m.grp == _bind("group", m.grp))
+        service = lc.service == _bind("service", lc.service)
+        self.leadership = select(lc.leader_id, lc.term).where(service, lc.leader_id.is_not(None))
 
     def _update(self, t: Tables, key: Any, condition: Any, values: dict[str, Any]) -> UpdateReturning:
         """``UPDATE kv … RETURNING version``."""
