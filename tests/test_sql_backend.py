@@ -328,3 +328,27 @@ def test_sqlite_sessions_keep_their_leases_under_write_load(tmp_path: Path) -> N
     assert (result["suspended"], result["lost"], result["unknown"], result["other_errors"]) == (0, 0, 0, 0), (
         result
     )
+
+
+def test_sqlite_prepared_statements_are_built_once_and_shared_by_threads(tmp_path: Path) -> None:
+    """The hot statements are built on first use and reused by every later call, on any thread,
+    which each bind their own values."""
+    with ca.connect(f"sqlite:///{tmp_path / 'prepared.db'}") as session:
+        storage = session.storage
+        storage.put("p/seed", b"0")
+        built = session._backend._tables.statements  # type: ignore[attr-defined]
+        assert built is not None
+
+        def writer(thread: int) -> None:
+            version = storage.put(f"p/{thread}", b"0")
+            for value in range(1, 21):
+                version = storage.update(f"p/{thread}", str(value).encode(), version=version)
+
+        threads = [threading.Thread(target=writer, args=(thread,)) for thread in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert all(storage.fetch(f"p/{n}") == ca.Versioned(b"20", 21) for n in range(4))
+        assert storage.keys("p") == {"p/seed", "p/0", "p/1", "p/2", "p/3"}
+        assert session._backend._tables.statements is built  # type: ignore[attr-defined]

@@ -25,9 +25,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import Connection, Engine, delete, func, insert, select
+from sqlalchemy import Connection, Engine, delete, func, select
 
 from consensus_api.backend import Target, TargetKind
+from consensus_backends.sql import statements
 from consensus_backends.sql.schema import MYSQL_DIALECTS, Tables
 
 log = logging.getLogger("consensus_api.sql")
@@ -49,14 +50,15 @@ def channel(t: Tables) -> str:
 
 def log_changes(conn: Connection, t: Tables, targets: Iterable[Target]) -> None:
     """Record that ``targets`` changed, in ``conn``'s transaction."""
+    prepared = statements.of(conn, t)
     for target in targets:
-        row = insert(t.changes).values(kind=target.kind.value, name=target.name)
-        if conn.dialect.name != "postgresql":
-            conn.execute(row)
+        row = {"kind": target.kind.value, "name": target.name}
+        if not prepared.notify:
+            conn.execute(prepared.log, row)
             continue
-        revision = conn.execute(row.returning(t.changes.c.revision)).scalar_one()
+        revision = conn.execute(prepared.log, row).scalar_one()
         payload = f"{revision}{_SEPARATOR}{target.kind.value}{_SEPARATOR}{target.name}"
-        conn.execute(select(func.pg_notify(channel(t), payload)))
+        conn.execute(prepared.pg_notify, {"b_payload": payload})
 
 
 def prune(conn: Connection, t: Tables) -> None:

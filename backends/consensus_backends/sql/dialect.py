@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import Column, ColumnElement, Connection, Table, delete, insert, select, update
+from sqlalchemy import Column, ColumnElement, Connection, Executable, Table, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from consensus_backends.sql.schema import MYSQL_DIALECTS
@@ -29,25 +29,70 @@ def is_mysql(conn: Connection) -> bool:
     return conn.dialect.name in MYSQL_DIALECTS
 
 
-def insert_if_absent(conn: Connection, table: Table, index: Sequence[str], row: dict[str, Any]) -> bool:
-    """``INSERT … ON CONFLICT (index) DO NOTHING``; True if the row was inserted.
+class InsertIfAbsent:
+    """``INSERT … ON CONFLICT (index) DO NOTHING`` into ``table``, built once for ``dialect``;
+    ``run(conn, row)`` is True if the row was inserted.
 
     Decided by ``RETURNING``: drivers do not all report a rowcount for it. On
     MySQL a plain ``INSERT`` whose duplicate-key error means "present"; any
     other integrity error (a missing lease) propagates.
     """
-    if is_mysql(conn):
+
+    def __init__(self, dialect: str, table: Table, index: Sequence[str]) -> None:
+        self._mysql = dialect in MYSQL_DIALECTS
+        if self._mysql:
+            self._statement: Executable = insert(table)
+        else:
+            module = postgresql if dialect == "postgresql" else sqlite
+            key_column = next(iter(table.primary_key.columns))
+            upsert = module.insert(table).on_conflict_do_nothing(index_elements=list(index))
+            self._statement = upsert.returning(key_column)
+
+    def run(self, conn: Connection, row: Mapping[str, Any]) -> bool:
+        """Insert ``row`` (a value for each column to set) unless its index entry is taken."""
+        if not self._mysql:
+            return conn.execute(self._statement, row).first() is not None
         try:
-            conn.execute(insert(table).values(**row))
+            conn.execute(self._statement, row)
         except sqlalchemy.exc.IntegrityError as exc:
             if exc.orig is None or exc.orig.args[0] != ER_DUP_ENTRY:
                 raise
             return False
         return True
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    statement = dialect.insert(table).on_conflict_do_nothing(index_elements=list(index)).values(**row)
-    key_column = next(iter(table.primary_key.columns))
-    return conn.execute(statement.returning(key_column)).first() is not None
+
+
+def insert_if_absent(conn: Connection, table: Table, index: Sequence[str], row: dict[str, Any]) -> bool:
+    """``InsertIfAbsent`` built for this one call."""
+    return InsertIfAbsent(conn.dialect.name, table, index).run(conn, row)
+
+
+class UpdateReturning:
+    """``UPDATE table SET values WHERE key AND condition RETURNING returning``, built once for
+    ``dialect`` (bind parameters are given to ``run``); ``run`` gives the new value of
+    ``returning`` in the single row ``key`` selects, or None if no row matched."""
+
+    def __init__(  # noqa: PLR0917
+        self,
+        dialect: str,
+        table: Table,
+        key: ColumnElement[bool],
+        condition: ColumnElement[bool],
+        values: Mapping[str, Any],
+        returning: Column[Any],
+    ) -> None:
+        statement = update(table).where(key, condition).values(**values)
+        self._mysql = dialect in MYSQL_DIALECTS
+        self._update: Executable = statement if self._mysql else statement.returning(returning)
+        #: MySQL: the read of the row the UPDATE changed (it holds the row's lock).
+        self._reread: Executable | None = select(returning).where(key) if self._mysql else None
+
+    def run(self, conn: Connection, params: Mapping[str, Any] | None = None) -> Any:
+        """Execute with ``params`` (the bind parameters)."""
+        if self._reread is None:
+            return conn.execute(self._update, params).scalar()
+        if conn.execute(self._update, params).rowcount == 0:  # rows matched: CLIENT_FOUND_ROWS
+            return None
+        return conn.execute(self._reread, params).scalar()
 
 
 def update_returning(
@@ -59,14 +104,8 @@ def update_returning(
     values: Mapping[str, Any],
     returning: Column[Any],
 ) -> Any:
-    """``UPDATE table SET values WHERE key AND condition RETURNING returning``: the new value of
-    ``returning`` in the single row ``key`` selects, or None if no row matched."""
-    statement = update(table).where(key, condition).values(**values)
-    if not is_mysql(conn):
-        return conn.execute(statement.returning(returning)).scalar()
-    if conn.execute(statement).rowcount == 0:  # rows matched: SQLAlchemy sets CLIENT_FOUND_ROWS
-        return None
-    return conn.execute(select(returning).where(key)).scalar()
+    """``UpdateReturning`` built for this one call."""
+    return UpdateReturning(conn.dialect.name, table, key, condition, values, returning).run(conn)
 
 
 def delete_returning(

@@ -18,11 +18,11 @@ from sqlalchemy import Connection, and_, delete, func, literal, select, update
 from consensus_api.backend import Target, TargetKind
 from consensus_api.errors import FencedError, MemberExistsError, NotAMemberError
 from consensus_api.model import Leadership
+from consensus_backends.sql import statements
 from consensus_backends.sql.changes import log_changes
 from consensus_backends.sql.dialect import (
     delete_returning,
     insert_if_absent,
-    is_mysql,
     lock_row,
     update_returning,
 )
@@ -108,7 +108,7 @@ def leave(conn: Connection, t: Tables, session_id: str, group: str, member_id: s
 
 def membership(conn: Connection, t: Tables, group: str) -> dict[str, bytes]:
     """The members of ``group`` and their data."""
-    rows = conn.execute(select(t.members.c.member_id, t.members.c.data).where(t.members.c.grp == group))
+    rows = conn.execute(statements.of(conn, t).membership, {"b_group": group})
     return {row.member_id: bytes(row.data) for row in rows}
 
 
@@ -134,11 +134,7 @@ def resign(conn: Connection, t: Tables, session_id: str, service: str, candidate
 
 def leadership(conn: Connection, t: Tables, service: str) -> Leadership | None:
     """The current leader of ``service`` and its term."""
-    row = conn.execute(
-        select(t.leaders.c.leader_id, t.leaders.c.term).where(
-            t.leaders.c.service == service, t.leaders.c.leader_id.is_not(None)
-        )
-    ).first()
+    row = conn.execute(statements.of(conn, t).leadership, {"b_service": service}).first()
     return None if row is None else Leadership(service, row.leader_id, row.term)
 
 
@@ -150,17 +146,11 @@ def check_fence(conn: Connection, t: Tables, fence: Leadership) -> None:
     of leader can commit between this check and the fenced write. (MySQL cannot
     lock one table of a join: the row is locked by a statement of its own.)
     """
-    lc, sc = t.leaders.c, t.sessions.c
-    if is_mysql(conn):
-        conn.execute(select(lc.term).where(lc.service == fence.service).with_for_update(read=True))
-    query = (
-        select(lc.term, lc.leader_id)
-        .join_from(t.leaders, t.sessions, lc.session_id == sc.id)
-        .where(lc.service == fence.service, sc.expires_at >= db_now(conn.dialect.name))
-    )
-    if conn.dialect.name == "postgresql":
-        query = query.with_for_update(read=True, of=t.leaders)
-    row = conn.execute(query).first()
+    prepared = statements.of(conn, t)
+    service = {"b_service": fence.service}
+    if prepared.fence_lock is not None:
+        conn.execute(prepared.fence_lock, service)
+    row = conn.execute(prepared.fence, service).first()
     if row is None or (row.term, row.leader_id) != (fence.term, fence.leader_id):
         raise FencedError(
             f"leadership of {fence.service!r} by {fence.leader_id!r} at term {fence.term} is not current"

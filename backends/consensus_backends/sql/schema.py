@@ -11,7 +11,7 @@ as on SQLite, case- and space-sensitive, and short enough for InnoDB's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     Boolean,
@@ -39,6 +39,9 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from consensus_api.errors import ConfigurationError, OperationTimeoutError
+
+if TYPE_CHECKING:
+    from consensus_backends.sql.statements import Statements
 
 SCHEMA_VERSION = 1
 MYSQL_DIALECTS = ("mysql", "mariadb")
@@ -128,6 +131,8 @@ class Tables:
             Column("name", KEY, nullable=False),
             sqlite_autoincrement=True,
         )
+        #: The hot statements on these tables (``statements.of`` builds them on first use).
+        self.statements: Statements | None = None
 
     def create(self, conn: Connection) -> None:
         """Create missing tables and check the schema version, inside ``conn``'s transaction.

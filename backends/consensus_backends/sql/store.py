@@ -8,39 +8,31 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from sqlalchemy import ColumnElement, Connection, and_, func, select
+from sqlalchemy import Connection, func, select
 
 from consensus_api.backend import Target, TargetKind
 from consensus_api.errors import KeyExistsError, KeyNotFoundError, VersionConflictError
 from consensus_api.keys import parent_of
 from consensus_api.model import Versioned
+from consensus_backends.sql import statements
 from consensus_backends.sql.changes import log_changes
-from consensus_backends.sql.dialect import insert_if_absent, is_mysql, update_returning
+from consensus_backends.sql.dialect import is_mysql
 from consensus_backends.sql.schema import Tables
 
 
 def fetch(conn: Connection, t: Tables, key: str) -> Versioned | None:
     """The live value of ``key``, or None."""
-    row = conn.execute(
-        select(t.kv.c.value, t.kv.c.version).where(t.kv.c.key == key, t.kv.c.deleted.is_(False))
-    ).first()
+    row = conn.execute(statements.of(conn, t).fetch, {"b_key": key}).first()
     return None if row is None else Versioned(bytes(row.value), row.version)
 
 
 def put(conn: Connection, t: Tables, key: str, value: bytes) -> int:
     """Create ``key`` (reviving a tombstone); ``KeyExistsError`` if it is live."""
-    kv = t.kv.c
-    revived = update_returning(
-        conn,
-        t.kv,
-        kv.key == key,
-        kv.deleted.is_(True),
-        values={"value": value, "version": kv.version + 1, "deleted": False},
-        returning=kv.version,
-    )
+    prepared = statements.of(conn, t)
+    revived = prepared.revive.run(conn, {"b_key": key, "b_value": value})
     if revived is None:
         row = {"key": key, "parent": parent_of(key), "value": value, "version": 1, "deleted": False}
-        if not insert_if_absent(conn, t.kv, ["key"], row):
+        if not prepared.create.run(conn, row):
             raise KeyExistsError(f"key {key!r} already exists")
         revived = 1
     _log_key(conn, t, key)
@@ -49,15 +41,9 @@ def put(conn: Connection, t: Tables, key: str, value: bytes) -> int:
 
 def update_value(conn: Connection, t: Tables, key: str, value: bytes, version: int | None) -> int:
     """Replace the value of live ``key``, at ``version`` when given."""
-    kv = t.kv.c
-    new_version = update_returning(
-        conn,
-        t.kv,
-        kv.key == key,
-        _live_at(t, version),
-        values={"value": value, "version": kv.version + 1},
-        returning=kv.version,
-    )
+    prepared = statements.of(conn, t)
+    params = {"b_key": key, "b_value": value, "b_version": version}
+    new_version = (prepared.update_live if version is None else prepared.update_at).run(conn, params)
     if new_version is None:
         _raise_missing_or_conflict(conn, t, key, version)
     log_changes(conn, t, [Target(TargetKind.VALUE, key)])
@@ -66,23 +52,16 @@ def update_value(conn: Connection, t: Tables, key: str, value: bytes, version: i
 
 def delete(conn: Connection, t: Tables, key: str, version: int | None) -> None:
     """Turn live ``key`` into a tombstone, at ``version`` when given."""
-    kv = t.kv.c
-    done = update_returning(
-        conn,
-        t.kv,
-        kv.key == key,
-        _live_at(t, version),
-        values={"value": None, "version": kv.version + 1, "deleted": True},
-        returning=kv.version,
-    )
-    if done is None:
+    prepared = statements.of(conn, t)
+    params = {"b_key": key, "b_version": version}
+    if (prepared.delete_live if version is None else prepared.delete_at).run(conn, params) is None:
         _raise_missing_or_conflict(conn, t, key, version)
     _log_key(conn, t, key)
 
 
 def keys(conn: Connection, t: Tables, namespace: str) -> frozenset[str]:
     """The live keys exactly one level below ``namespace``."""
-    rows = conn.execute(select(t.kv.c.key).where(t.kv.c.parent == namespace, t.kv.c.deleted.is_(False)))
+    rows = conn.execute(statements.of(conn, t).keys, {"b_parent": namespace})
     return frozenset(row.key for row in rows)
 
 
@@ -110,12 +89,6 @@ def walk_page(
         query = query.where(kv.c.key > after)
     rows = conn.execute(query.order_by(kv.c.key).limit(limit))
     return [(row.key, Versioned(bytes(row.value), row.version)) for row in rows]
-
-
-def _live_at(t: Tables, version: int | None) -> ColumnElement[bool]:
-    """Live, and at ``version`` when given."""
-    live = t.kv.c.deleted.is_(False)
-    return live if version is None else and_(live, t.kv.c.version == version)
 
 
 def _raise_missing_or_conflict(conn: Connection, t: Tables, key: str, version: int | None) -> NoReturn:

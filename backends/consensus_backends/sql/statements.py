@@ -1,0 +1,81 @@
+"""The hot statements of the key-value operations, the change log, the fence check and the reads
+of members and leaders, built once.
+
+Each is built per ``Tables`` and dialect with bind parameters (``:b_*``), so a
+call only binds values: SQLAlchemy skips building the expression and its
+cache key, which it memoizes per statement object, and finds the compiled
+form in its cache. The SQL is the same as when built per call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Column, Connection, Executable, and_, bindparam, func, insert, select
+
+from consensus_backends.sql.dialect import InsertIfAbsent, UpdateReturning
+from consensus_backends.sql.schema import MYSQL_DIALECTS, Tables, db_now
+
+
+def _bind(name: str, column: Column[Any]) -> Any:
+    """The bind parameter ``b_<name>`` with ``column``'s type (MySQL encodes names as bytes)."""
+    return bindparam(f"b_{name}", type_=column.type)
+
+
+class Statements:
+    """Prepared statements of one ``Tables`` on one dialect (``of`` builds them on first use)."""
+
+    def __init__(self, t: Tables, dialect: str) -> None:
+        self.dialect = dialect
+        kv = t.kv.c
+        key, live = kv.key == _bind("key", kv.key), kv.deleted.is_(False)
+        self.fetch = select(kv.value, kv.version).where(key, live)
+        self.keys = select(kv.key).where(kv.parent == _bind("parent", kv.parent), live)
+        value = _bind("value", kv.value)
+        at = and_(live, kv.version == _bind("version", kv.version))
+        bumped = {"version": kv.version + 1}
+        self.revive = self._update(t, key, kv.deleted.is_(True), {"value": value, **bumped, "deleted": False})
+        self.update_live = self._update(t, key, live, {"value": value, **bumped})
+        self.update_at = self._update(t, key, at, {"value": value, **bumped})
+        self.delete_live = self._update(t, key, live, {"value": None, **bumped, "deleted": True})
+        self.delete_at = self._update(t, key, at, {"value": None, **bumped, "deleted": True})
+        self.create = InsertIfAbsent(dialect, t.kv, ["key"])
+        changes = insert(t.changes)
+        self.notify = dialect == "postgresql"
+        self.log: Executable = changes.returning(t.changes.c.revision) if self.notify else changes
+        self.pg_notify = select(func.pg_notify(t.changes.name, bindparam("b_payload")))
+        self.fence_lock, self.fence = self._fence(t, dialect)
+        m, lc = t.members.c, t.leaders.c
+        self.membership = select(m.member_id, m.data).where(m.grp == _bind("group", m.grp))
+        service = lc.service == _bind("service", lc.service)
+        self.leadership = select(lc.leader_id, lc.term).where(service, lc.leader_id.is_not(None))
+
+    def _update(self, t: Tables, key: Any, condition: Any, values: dict[str, Any]) -> UpdateReturning:
+        """``UPDATE kv … RETURNING version``."""
+        return UpdateReturning(self.dialect, t.kv, key, condition, values, t.kv.c.version)
+
+    @staticmethod
+    def _fence(t: Tables, dialect: str) -> tuple[Executable | None, Executable]:
+        """The fence check's statements: the share lock of the leaders row where it needs its own
+        (MySQL cannot lock one table of a join), and the read of term and leader."""
+        lc, sc = t.leaders.c, t.sessions.c
+        service = lc.service == _bind("service", lc.service)
+        query = (
+            select(lc.term, lc.leader_id)
+            .join_from(t.leaders, t.sessions, lc.session_id == sc.id)
+            .where(service, sc.expires_at >= db_now(dialect))
+        )
+        if dialect in MYSQL_DIALECTS:
+            return select(lc.term).where(service).with_for_update(read=True), query
+        if dialect == "postgresql":
+            return None, query.with_for_update(read=True, of=t.leaders)
+        return None, query
+
+
+def of(conn: Connection, t: Tables) -> Statements:
+    """``t``'s statements for ``conn``'s dialect, built on first use."""
+    built = t.statements
+    dialect = conn.dialect.name
+    if built is None or built.dialect != dialect:
+        built = t.statements = Statements(t, dialect)
+    return built
