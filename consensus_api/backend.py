@@ -88,10 +88,20 @@ class Reader(Protocol):
     def leadership(self, service: str) -> Leadership | None: ...
 
 
+class Writer(Protocol):
+    """The writes of ``Backend`` (same arguments, results and errors), for ``nowait_writer``."""
+
+    def put(self, key: str, value: bytes, fence: Leadership | None) -> int: ...
+
+    def update(self, key: str, value: bytes, version: int | None, fence: Leadership | None) -> int: ...
+
+    def delete(self, key: str, version: int | None, fence: Leadership | None) -> None: ...
+
+
 class WouldBlock(Exception):  # noqa: N818 - a signal between the SPI and the core, not an error
-    """A ``nowait_reader()`` read that would have to wait (for a lock, a connection, another process
-    or the network) and did nothing; the caller makes the ordinary call instead. Applications see it
-    only from ``Storage.fetch_nowait`` / ``keys_nowait``, which say so."""
+    """A ``nowait_reader()`` read or ``nowait_writer()`` write that would have to wait (for a lock,
+    a connection, another process or the network) and did nothing; the caller makes the ordinary
+    call instead. Applications see it only from ``Storage``'s ``*_nowait`` calls, which say so."""
 
 
 class Backend(ABC):
@@ -211,6 +221,18 @@ class Backend(ABC):
         wait for a lock, a connection, another process or the network; it then
         had no effect. Only local, fast stores can offer it (SQLite on an open
         WAL connection). Default: None (every read may wait).
+        """
+        return None
+
+    def nowait_writer(self) -> Writer | None:
+        """Writes that answer on the calling thread without ever waiting, for an event loop's thread.
+
+        Each write does what the backend's own write would (same checks, fence,
+        results and errors; ``OperationTimeoutError`` if its effect is unknown),
+        or raises ``WouldBlock`` at once, having done nothing (not applied),
+        where it would have to wait for a lock, a connection, another process or
+        the network. Only local, fast stores can offer it (SQLite, when the write
+        lock is free). Default: None (every write may wait).
         """
         return None
 

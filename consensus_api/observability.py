@@ -26,7 +26,7 @@ from consensus_api.errors import ConfigurationError
 from consensus_api.model import Event, LeaderChanged, MembershipChanged, SessionState
 
 if TYPE_CHECKING:
-    from consensus_api.backend import Backend, Reader
+    from consensus_api.backend import Backend, Reader, Writer
     from consensus_api.coordinator import CoordinatorHandler
 
 logging.getLogger("consensus_api").addHandler(logging.NullHandler())
@@ -170,15 +170,16 @@ def for_session(backend: str) -> SessionTelemetry | None:
 
 
 class _MeasuredBackend:
-    """A backend (or its nowait reader) seen through its telemetry; every other attribute is its own."""
+    """A backend (or its nowait reader or writer) seen through its telemetry; every other attribute
+    is its own."""
 
-    def __init__(self, backend: Backend | Reader, telemetry: SessionTelemetry) -> None:
+    def __init__(self, backend: Backend | Reader | Writer, telemetry: SessionTelemetry) -> None:
         self._backend = backend
         self._telemetry = telemetry
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._backend, name)
-        if name == "nowait_reader":  # its reads are measured like the backend's own
+        if name in ("nowait_reader", "nowait_writer"):  # their calls are measured like the backend's own
             telemetry = self._telemetry
             return lambda: None if (reader := attribute()) is None else _MeasuredBackend(reader, telemetry)
         if name not in OPERATIONS:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from consensus_api._session_port import SessionPort
-from consensus_api.backend import Reader, WouldBlock
+from consensus_api.backend import Reader, WouldBlock, Writer
 from consensus_api.errors import FencedError, InvalidTypeError, SessionLostError
 from consensus_api.keys import (
     check_int,
@@ -57,11 +57,46 @@ class Storage:
         ``nowait_reader``); False: they always raise ``WouldBlock``. Does no I/O."""
         return self._session.backend_for_call().nowait_reader() is not None
 
+    @property
+    def can_write_nowait(self) -> bool:
+        """Whether ``put_nowait``, ``update_nowait`` and ``delete_nowait`` can answer at all (the
+        backend has a ``nowait_writer``); False: they always raise ``WouldBlock``. Does no I/O."""
+        return self._session.backend_for_call().nowait_writer() is not None
+
     def _nowait(self) -> Reader:
         reader = self._session.backend_for_call().nowait_reader()
         if reader is None:
             raise WouldBlock("this backend has no reads that never wait")
         return reader
+
+    def put_nowait(self, key: str, value: bytes, *, fence: Leadership | Lease | None = None) -> int:
+        """``put`` done on the calling thread without waiting on a lock, a connection, another process
+        or the network, or ``WouldBlock`` (nothing was done: call ``put``) where the backend cannot
+        promise that (``Backend.nowait_writer``: SQLite, when the write lock is free). Arguments
+        are checked first; results and errors are ``put``'s. For event loops: ``consensus_api.aio``
+        uses it, like the two below."""
+        args = check_key(key), check_value(value), (leadership := _check_fence(fence))
+        return self._write(leadership, lambda: self._nowait_writer().put(*args))
+
+    def update_nowait(
+        self, key: str, value: bytes, *, version: int | None = None, fence: Leadership | Lease | None = None
+    ) -> int:
+        """``update`` without waiting, or ``WouldBlock``, like ``put_nowait``."""
+        args = check_key(key), check_value(value), check_version(version), (leadership := _check_fence(fence))
+        return self._write(leadership, lambda: self._nowait_writer().update(*args))
+
+    def delete_nowait(
+        self, key: str, *, version: int | None = None, fence: Leadership | Lease | None = None
+    ) -> None:
+        """``delete`` without waiting, or ``WouldBlock``, like ``put_nowait``."""
+        args = check_key(key), check_version(version), (leadership := _check_fence(fence))
+        self._write(leadership, lambda: self._nowait_writer().delete(*args))
+
+    def _nowait_writer(self) -> Writer:
+        writer = self._session.backend_for_call().nowait_writer()
+        if writer is None:
+            raise WouldBlock("this backend has no writes that never wait")
+        return writer
 
     def put(self, key: str, value: bytes, *, fence: Leadership | Lease | None = None) -> int:
         """Create ``key``; ``KeyExistsError`` if it exists. Returns the new version."""

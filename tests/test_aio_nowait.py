@@ -13,6 +13,7 @@ import pytest
 
 import consensus_api as ca
 from consensus_api import aio
+from consensus_api.backend import WouldBlock
 
 #: Far below request_timeout (the busy timeout of an ordinary call): a read that waited would take it.
 NO_WAIT = 0.5
@@ -99,3 +100,99 @@ def test_a_task_reading_in_a_loop_lets_the_other_tasks_run(tmp_path: Path) -> No
             running.cancel()
 
     asyncio.run(main())
+
+
+def test_nowait_writes_are_the_ordinary_writes_or_do_nothing(tmp_path: Path) -> None:
+    """Same results and errors as the ordinary writes (fences included); with another writer holding
+    the write lock, ``WouldBlock`` at once and nothing written."""
+    path = tmp_path / "writes.db"
+    with ca.connect(f"sqlite:///{path}", request_timeout=5) as session:
+        storage = session.storage
+        assert storage.can_write_nowait
+        version = storage.put_nowait("app/k", b"v")
+        assert storage.fetch("app/k") == ca.Versioned(b"v", version)
+        with pytest.raises(ca.KeyExistsError):
+            storage.put_nowait("app/k", b"again")
+        with pytest.raises(ca.VersionConflictError):
+            storage.update_nowait("app/k", b"w", version=version + 100)
+        newer = storage.update_nowait("app/k", b"w", version=version)
+        assert storage.fetch("app/k") == ca.Versioned(b"w", newer)
+        election = session.election("svc")
+        election.nominate("me")
+        fence = election.leadership()
+        assert fence is not None
+        fenced = storage.update_nowait("app/k", b"f", fence=fence)
+        stale = ca.Leadership("svc", "me", fence.term + 1)
+        with pytest.raises(ca.FencedError):
+            storage.update_nowait("app/k", b"stale", fence=stale)
+        with pytest.raises(ca.InvalidKeyError):
+            storage.put_nowait("/bad/", b"v")
+        writer = sqlite3.connect(path, isolation_level=None)
+        writer.execute("BEGIN IMMEDIATE")  # another writer holds the write lock meanwhile
+        began = time.monotonic()
+        with pytest.raises(WouldBlock):
+            storage.put_nowait("app/other", b"v")
+        with pytest.raises(WouldBlock):
+            storage.delete_nowait("app/k")
+        assert time.monotonic() - began < NO_WAIT
+        writer.execute("ROLLBACK")
+        writer.close()
+        assert storage.fetch("app/other") is None
+        assert storage.fetch("app/k") == ca.Versioned(b"f", fenced)
+        storage.delete_nowait("app/k", version=fenced)
+        assert storage.fetch("app/k") is None
+
+
+def test_inline_writes_run_on_the_loop_and_wait_on_a_worker(tmp_path: Path) -> None:
+    """A write runs on the loop when the write lock is free; while another writer holds it, the
+    write waits on a worker (the loop keeps running) and completes once the lock is free."""
+    path = tmp_path / "inline-writes.db"
+
+    async def main() -> None:
+        async with aio.connect(f"sqlite:///{path}", request_timeout=5) as session:
+            loop_thread = threading.get_ident()
+            threads: set[int] = set()
+            original = session._session.storage.put_nowait
+
+            def spy(*args: object, **kwargs: object) -> int:
+                threads.add(threading.get_ident())
+                return original(*args, **kwargs)  # type: ignore[arg-type]
+
+            session._session.storage.put_nowait = spy  # type: ignore[method-assign]
+            first = await session.storage.put("app/a", b"1")
+            assert threads == {loop_thread}
+            writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            writer.execute("BEGIN IMMEDIATE")
+            turns = 0
+
+            async def other() -> None:
+                nonlocal turns
+                while True:
+                    turns += 1
+                    await asyncio.sleep(0.01)
+
+            running = asyncio.create_task(other())
+            asyncio.get_running_loop().call_later(0.5, writer.execute, "ROLLBACK")
+            began = time.monotonic()
+            second = await session.storage.put("app/b", b"2")
+            assert 0.4 < time.monotonic() - began < 4  # it waited for the lock, on a worker
+            assert turns >= 20  # the loop ran meanwhile
+            running.cancel()
+            writer.close()
+            assert await session.storage.fetch("app/a") == ca.Versioned(b"1", first)
+            assert await session.storage.fetch("app/b") == ca.Versioned(b"2", second)
+        async with aio.connect(f"sqlite:///{path}", inline_writes=False) as hopping:
+            threads.clear()
+            ordinary = hopping._session.storage.put
+
+            def spy_put(*args: object, **kwargs: object) -> int:
+                threads.add(threading.get_ident())
+                return ordinary(*args, **kwargs)  # type: ignore[arg-type]
+
+            hopping._session.storage.put = spy_put  # type: ignore[method-assign]
+            await hopping.storage.put("app/c", b"3")
+            assert threads and loop_thread not in threads  # inline_writes=False: on a worker
+
+    asyncio.run(main())
+    with pytest.raises(ca.ConfigurationError):
+        aio.connect(f"sqlite:///{path}", inline_writes="yes")  # type: ignore[arg-type]

@@ -64,6 +64,10 @@ def test_operations_errors_listeners_and_rebalances_are_measured(
         seen: list[ca.Event] = []
         session.group("g").add_listener(seen.append)
         session.election("s").add_listener(seen.append)
+        deadline = time.monotonic() + 10
+        while not any(isinstance(e, ca.LeaderChanged) for e in seen):  # nobody leads yet: not a change
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.01)
         session.group("g").join("m1")
         session.election("s").nominate("m1")
         handler = ca.ResourceHandler(["r1", "r2"], _Quiet())

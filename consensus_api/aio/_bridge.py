@@ -70,9 +70,11 @@ class Bridge:
         self._closed = False
         self._held_since: float | None = None  # the first inline call since the loop last turned
 
-    async def run_nowait(self, nowait: Callable[[], T], call: Callable[[], T]) -> T:
+    async def run_nowait(
+        self, nowait: Callable[[], T], call: Callable[[], T], *, write: str | None = None
+    ) -> T:
         """``nowait()`` right here on the loop thread; where it raises ``WouldBlock`` (it did
-        nothing): ``await run(call)``.
+        nothing): ``await run(call, write=write)``.
 
         ``nowait`` must never wait (``Backend.nowait_reader``): it costs the loop
         one local read. Inline calls made since the loop last ran anything else
@@ -90,7 +92,7 @@ class Bridge:
             return nowait()
         except WouldBlock:
             pass
-        return await self.run(call)
+        return await self.run(call, write=write)
 
     def _turned(self) -> None:
         """The loop ran a callback: whatever held it has let go."""

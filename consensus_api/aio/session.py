@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable, Generator, Iterable
+from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from consensus_api import session as sync
 from consensus_api.aio._bridge import Bridge, EventStream, check_workers
@@ -30,13 +31,30 @@ from consensus_api.keys import check_key, check_namespace
 from consensus_api.listeners import ListenerRegistry
 from consensus_api.model import KeySetChanged, Leadership, SessionState, ValueChanged, Versioned
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Inline:
+    """Which storage calls of a session run on the loop where the backend answers them without
+    waiting: ``connect``'s ``inline_reads`` / ``inline_writes``, where the backend can."""
+
+    reads: bool
+    writes: bool
+
+
 #: Threads of a session's pool for blocking calls, unless ``connect(workers=...)`` says otherwise.
 DEFAULT_WORKERS = 8
 WALK_BATCH = 256
 
 
 def connect(
-    url: str | None = None, *, workers: int = DEFAULT_WORKERS, inline_reads: bool = True, **options: Any
+    url: str | None = None,
+    *,
+    workers: int = DEFAULT_WORKERS,
+    inline_reads: bool = True,
+    inline_writes: bool = True,
+    **options: Any,
 ) -> Connecting:
     """Open a session like ``consensus_api.connect`` (same URL resolution and options) without
     blocking the running loop; ``workers`` bounds the threads its blocking calls run on.
@@ -47,24 +65,30 @@ def connect(
     a read would wait, they run on a worker like every other call. The one wait left: a SQLite read
     retries for up to about 10 s while another process is frozen (SIGSTOP) inside the microseconds
     SQLite holds a WAL read-mark lock exclusively, and that would hold the loop;
-    ``inline_reads=False`` rules it out at the cost of the hop.
+    ``inline_reads=False`` rules it out at the cost of the hop. ``inline_writes`` (on by default)
+    does the same for ``put``, ``update`` and ``delete`` where the backend writes without waiting
+    (``Storage.can_write_nowait``; SQLite when the write lock is free at once, else a worker waits
+    for it), with the same one wait.
 
     Use as ``async with aio.connect(url) as session:`` or ``session = await aio.connect(url)``.
     """
     check_workers(workers)
-    if not isinstance(inline_reads, bool):
-        raise ConfigurationError(f"inline_reads must be a bool, not {inline_reads!r}")
-    return Connecting(partial(sync.connect, url, **options), workers, inline_reads)
+    for name, flag in (("inline_reads", inline_reads), ("inline_writes", inline_writes)):
+        if not isinstance(flag, bool):
+            raise ConfigurationError(f"{name} must be a bool, not {flag!r}")
+    return Connecting(partial(sync.connect, url, **options), workers, inline_reads, inline_writes)
 
 
 class Connecting:
     """What ``aio.connect`` returns: awaitable (the open session), or an async context manager
     that closes the session on exit."""
 
-    def __init__(self, open_session: Callable[[], sync.Session], workers: int, inline_reads: bool) -> None:
+    def __init__(
+        self, open_session: Callable[[], sync.Session], workers: int, inline_reads: bool, inline_writes: bool
+    ) -> None:
         self._open_session = open_session
         self._workers = workers
-        self._inline_reads = inline_reads
+        self._inline = inline_reads, inline_writes
         self._opened: AsyncSession | None = None
 
     async def _open(self) -> AsyncSession:
@@ -74,8 +98,11 @@ class Connecting:
         except BaseException:
             bridge.shutdown()
             raise
-        inline_reads = self._inline_reads and opened.storage.can_read_nowait
-        return AsyncSession(opened, bridge, inline_reads=inline_reads)
+        inline_reads, inline_writes = self._inline
+        inline = Inline(
+            inline_reads and opened.storage.can_read_nowait, inline_writes and opened.storage.can_write_nowait
+        )
+        return AsyncSession(opened, bridge, inline)
 
     def __await__(self) -> Generator[Any, None, AsyncSession]:
         return self._open().__await__()
@@ -96,11 +123,11 @@ class AsyncSession:
     (it runs on the session's thread pool), events are async iterators. Same guarantees as the
     synchronous session; ``async with`` closes it on exit."""
 
-    def __init__(self, session: sync.Session, bridge: Bridge, *, inline_reads: bool = False) -> None:
+    def __init__(self, session: sync.Session, bridge: Bridge, inline: Inline) -> None:
         self._session = session
         self._bridge = bridge
         self._streams: set[EventStream[Any]] = set()
-        self.storage = AsyncStorage(session, bridge, inline_reads=inline_reads)
+        self.storage = AsyncStorage(session, bridge, inline)
         self.listeners = AsyncListeners(session.listeners, self._stream)
 
     @property
@@ -215,42 +242,53 @@ class AsyncSession:
 
 
 class AsyncStorage:
-    """``Storage`` as awaitables: same arguments, checks, results and errors. With ``inline_reads``
-    ``fetch`` and ``keys`` run on the loop itself where the backend answers them without waiting
+    """``Storage`` as awaitables: same arguments, checks, results and errors. Calls the session's
+    ``Inline`` names run on the loop itself where the backend answers them without waiting
     (SQLite), else on a worker."""
 
-    def __init__(self, session: sync.Session, bridge: Bridge, *, inline_reads: bool) -> None:
+    def __init__(self, session: sync.Session, bridge: Bridge, inline: Inline) -> None:
         self._storage = session.storage
         self._bridge = bridge
-        self._inline_reads = inline_reads
+        self._inline = inline
 
     async def fetch(self, key: str) -> Versioned | None:
         """The value and version of ``key``, or None."""
         storage = self._storage
-        if not self._inline_reads:
+        if not self._inline.reads:
             return await self._bridge.run(partial(storage.fetch, key))
         return await self._bridge.run_nowait(partial(storage.fetch_nowait, key), partial(storage.fetch, key))
 
     async def put(self, key: str, value: bytes, *, fence: Leadership | None = None) -> int:
         """Create ``key``; returns the new version."""
-        return await self._bridge.run(partial(self._storage.put, key, value, fence=fence), write="put")
+        return await self._write("put", self._storage.put, self._storage.put_nowait, key, value, fence=fence)
 
     async def update(
         self, key: str, value: bytes, *, version: int | None = None, fence: Leadership | None = None
     ) -> int:
         """Replace the value of ``key``, if at ``version`` when given; returns the new version."""
-        call = partial(self._storage.update, key, value, version=version, fence=fence)
-        return await self._bridge.run(call, write="update")
+        storage = self._storage
+        return await self._write(
+            "update", storage.update, storage.update_nowait, key, value, version=version, fence=fence
+        )
 
     async def delete(self, key: str, *, version: int | None = None, fence: Leadership | None = None) -> None:
         """Remove ``key``, if at ``version`` when given."""
-        call = partial(self._storage.delete, key, version=version, fence=fence)
-        await self._bridge.run(call, write="delete")
+        storage = self._storage
+        await self._write("delete", storage.delete, storage.delete_nowait, key, version=version, fence=fence)
+
+    async def _write(
+        self, what: str, call: Callable[..., T], nowait: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        if not self._inline.writes:
+            return await self._bridge.run(partial(call, *args, **kwargs), write=what)
+        return await self._bridge.run_nowait(
+            partial(nowait, *args, **kwargs), partial(call, *args, **kwargs), write=what
+        )
 
     async def keys(self, namespace: str = "") -> frozenset[str]:
         """The keys one level below ``namespace``."""
         storage = self._storage
-        if not self._inline_reads:
+        if not self._inline.reads:
             return await self._bridge.run(partial(storage.keys, namespace))
         return await self._bridge.run_nowait(
             partial(storage.keys_nowait, namespace), partial(storage.keys, namespace)

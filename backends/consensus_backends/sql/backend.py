@@ -18,7 +18,7 @@ write waits until that process resumes or dies (calls fail with
 Test hook: with ``$CONSENSUS_TEST_STOP_IN_FENCED_WRITE`` set, the next fenced
 write unsets it and stops its own process (SIGSTOP) after its statements,
 before its commit: how the conformance suite freezes a client inside a
-transaction. Nothing else reads it.
+transaction (a nowait write leaves such a write to this path). Nothing else reads it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import sqlalchemy
 from sqlalchemy import Connection, Engine
 
-from consensus_api.backend import Backend, Reader, Target
+from consensus_api.backend import Backend, Reader, Target, Writer
 from consensus_api.config import BackendURL, boolean, seconds
 from consensus_api.errors import (
     BackendUnavailableError,
@@ -60,7 +60,7 @@ from consensus_backends.sql.engine import (
 )
 from consensus_backends.sql.filecheck import FileIdentity
 from consensus_backends.sql.liveness import Liveness
-from consensus_backends.sql.nowait import NowaitReader
+from consensus_backends.sql.nowait import STOP_IN_FENCED_WRITE, NowaitStore
 from consensus_backends.sql.schema import Tables
 from consensus_backends.sql.writelock import begin_eagerly, is_busy
 
@@ -78,10 +78,6 @@ HEARTBEAT_CONNECT_LEFT = 0.05
 
 #: Keys per page of ``walk``.
 WALK_PAGE = 500
-
-#: The test hook of the module docstring.
-STOP_IN_FENCED_WRITE = "CONSENSUS_TEST_STOP_IN_FENCED_WRITE"
-
 
 #: Table prefixes: they are spliced into SQL (table, trigger and LISTEN channel names) unquoted.
 _TABLE_PREFIX_RE = re.compile(r"[A-Za-z0-9_]{1,40}")
@@ -114,7 +110,7 @@ class SQLBackend(Liveness, Backend):
         self._file = FileIdentity(None if self._guarded else self._engine.url.database)
         self._watchdog = Watchdog()
         self._tables = Tables(str(extra.get("table_prefix", "consensus_")))
-        self._nowait = None if self._guarded else NowaitReader(self._tables)
+        self._nowait = None if self._guarded else NowaitStore(self._tables, self._renew_in, self._renewed)
         self._session_id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._watched: set[Target] = set()
@@ -177,6 +173,11 @@ class SQLBackend(Liveness, Backend):
 
     def nowait_reader(self) -> Reader | None:
         """SQLite: reads on a held WAL connection that never wait (``nowait``); elsewhere None."""
+        return self._nowait
+
+    def nowait_writer(self) -> Writer | None:
+        """SQLite: writes on the same connection that begin only if the write lock is free at once
+        (``nowait``); elsewhere None."""
         return self._nowait
 
     # Storage

@@ -28,7 +28,7 @@ from consensus_api.model import Leadership, SessionState
 from consensus_backends.sql import ephemeral
 from consensus_backends.sql.changes import ChangeFeed, prune
 from consensus_backends.sql.filecheck import FileIdentity
-from consensus_backends.sql.nowait import NowaitReader
+from consensus_backends.sql.nowait import NowaitStore
 from consensus_backends.sql.schema import Tables
 
 log = logging.getLogger("consensus_api.sql")
@@ -50,7 +50,7 @@ class Liveness:
     _tables: Tables
     _session_id: str
     _file: FileIdentity
-    _nowait: NowaitReader | None
+    _nowait: NowaitStore | None
     _feed: ChangeFeed
     _guarded: bool
     _stop: threading.Event
