@@ -9,6 +9,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from consensus_api import config, observability, registry
+from consensus_api._joined import Item, Joined
 from consensus_api.assignors import Assignor
 from consensus_api.backend import Backend, Reader, Target, TargetKind
 from consensus_api.closing import Closing
@@ -21,7 +22,7 @@ from consensus_api.coordinator import (
 from consensus_api.coordinator.describe import GroupDescription, describe_group
 from consensus_api.dispatch import Dispatcher
 from consensus_api.election import LeaderElection
-from consensus_api.errors import ConsensusError, MemberExistsError, NotAMemberError, SessionLostError
+from consensus_api.errors import NotAMemberError, SessionLostError
 from consensus_api.keys import check_key
 from consensus_api.listeners import RETRY_DELAY, ListenerHub, ListenerRegistry
 from consensus_api.lock import Lock
@@ -94,52 +95,40 @@ class _Port:
 
     def join(self, group: str, member_id: str, data: bytes, *, rejoin: bool = True) -> None:
         session = self._session
-        losses = session._losses
+        losses = session._joined.losses
         self.backend_for_call().join(group, member_id, data)
-        track = partial(session._joined.__setitem__, (group, member_id), data)
-        session._record(("member", group, member_id), losses, track, rejoin)
+        session._record(("member", group, member_id), data, losses, rejoin)
 
     def leave(self, group: str, member_id: str) -> None:
-        session = self._session
         backend = self.backend_for_call()
         if not self.holds_member(group, member_id):
             raise NotAMemberError(f"this session has no member {member_id!r} in group {group!r}")
         try:
             backend.leave(group, member_id)
         finally:
-            with session._lock:
-                session._joined.pop((group, member_id), None)
-                session._joined_in.pop(("member", group, member_id), None)
-                session._once.discard(("member", group, member_id))
+            self._session._joined.forget(("member", group, member_id))
 
     def nominate(self, service: str, candidate_id: str, *, rejoin: bool = True) -> bool:
         session = self._session
-        losses = session._losses
+        losses = session._joined.losses
         leads = self.backend_for_call().nominate(service, candidate_id)
-        track = partial(session._candidacies.add, (service, candidate_id))
-        session._record(("candidacy", service, candidate_id), losses, track, rejoin)
+        session._record(("candidacy", service, candidate_id), b"", losses, rejoin)
         return leads
 
     def resign(self, service: str, candidate_id: str) -> None:
-        session = self._session
         backend = self.backend_for_call()
         if not self.holds_candidacy(service, candidate_id):
             raise NotAMemberError(f"this session has no candidate {candidate_id!r} for {service!r}")
         try:
             backend.resign(service, candidate_id)
         finally:
-            with session._lock:
-                session._candidacies.discard((service, candidate_id))
-                session._joined_in.pop(("candidacy", service, candidate_id), None)
-                session._once.discard(("candidacy", service, candidate_id))
+            self._session._joined.forget(("candidacy", service, candidate_id))
 
     def holds_member(self, group: str, member_id: str) -> bool:
-        with self._session._lock:
-            return (group, member_id) in self._session._joined
+        return self._session._joined.holds(("member", group, member_id))
 
     def holds_candidacy(self, service: str, candidate_id: str) -> bool:
-        with self._session._lock:
-            return (service, candidate_id) in self._session._candidacies
+        return self._session._joined.holds(("candidacy", service, candidate_id))
 
     def detach(self, coordinator: object) -> None:
         session = self._session
@@ -165,15 +154,8 @@ class Session(Closing):
         self._lock = threading.RLock()
         self._state = SessionState.CONNECTED
         self._state_listeners: list[StateListener] = []
-        self._joined: dict[tuple[str, str], bytes] = {}
-        self._candidacies: set[tuple[str, str]] = set()
-        #: Sessions lost so far, and for each member ("member", group, id) and candidacy
-        #: ("candidacy", service, id) the count when it was last joined: joined in this
-        #: session only if the two are equal.
-        self._losses = 0
-        self._joined_in: dict[tuple[str, str, str], int] = {}
-        #: The members and candidacies never re-joined after a loss (a lock's holders and queue).
-        self._once: set[tuple[str, str, str]] = set()
+        #: The members and candidacies to release at close and join again after a loss.
+        self._joined = Joined(self._lock)
         self._coordinators: list[Coordinator | IncrementalCoordinator] = []
         self._dispatcher = Dispatcher(url.scheme)
         try:
@@ -301,8 +283,6 @@ class Session(Closing):
                 return
             self._state = SessionState.CLOSED
             self._joined.clear()
-            self._candidacies.clear()
-            self._once.clear()
         try:
             self._backend.close()
         finally:
@@ -324,23 +304,10 @@ class Session(Closing):
             raise SessionLostError("the session is closed; open a new one with consensus_api.connect()")
         return self._measured
 
-    def _record(
-        self, item: tuple[str, str, str], losses: int, track: Callable[[], None], rejoin: bool
-    ) -> None:
-        """Track a member or candidacy joined while the session had ``losses`` losses.
-
-        A loss that overtook the call voided what it joined: with ``auto_rejoin`` (and
-        ``rejoin``) it is joined again like everything the loss voided, else it is forgotten.
-        """
-        with self._lock:
-            overtaken = losses != self._losses
-            if overtaken and not (rejoin and self.settings.auto_rejoin):
-                return
-            track()
-            self._joined_in[item] = losses
-            if not rejoin:
-                self._once.add(item)
-        if overtaken:
+    def _record(self, item: Item, data: bytes, losses: int, rejoin: bool) -> None:
+        """Track a member or candidacy joined while the session had ``losses`` losses; if a loss
+        overtook the call, join it again like everything the loss voided (``Joined.record``)."""
+        if self._joined.record(item, data, losses, rejoin=rejoin, auto_rejoin=self.settings.auto_rejoin):
             self._dispatcher.submit(self._rejoin)
 
     # Reports from the backend and their handling on the dispatcher thread.
@@ -370,7 +337,7 @@ class Session(Closing):
                 return
             self._state = state
             if state is SessionState.LOST:
-                self._losses += 1
+                self._joined.lost()
         if self._telemetry is not None:
             self._telemetry.state_changed(state)
         self._dispatcher.submit_urgent(lambda: self._transition(previous, state))
@@ -379,11 +346,7 @@ class Session(Closing):
         if state is SessionState.LOST:
             self._announce_lost_leadership()
             if not self.settings.auto_rejoin:
-                with self._lock:
-                    self._joined.clear()
-                    self._candidacies.clear()
-                    self._joined_in.clear()
-                    self._once.clear()
+                self._joined.clear()
         self._notify_state(state)
         if state is SessionState.CONNECTED:
             if previous is SessionState.LOST and self.settings.auto_rejoin:
@@ -391,69 +354,28 @@ class Session(Closing):
             self._hub.resync()
 
     def _announce_lost_leadership(self) -> None:
-        with self._lock:
-            ours = set(self._candidacies)
+        ours = self._joined.candidacies()
         for service in {service for service, _ in ours}:
             ours_here = {candidate for s, candidate in ours if s == service}
             self._hub.announce_leader_lost(service, ours_here)
 
-    def _rejoin(
-        self,
-        members: dict[tuple[str, str], bytes] | None = None,
-        candidacies: set[tuple[str, str]] | None = None,
-    ) -> None:
-        """Join again what the application had joined; retry only what failed for a passing reason."""
+    def _rejoin(self, due: tuple[dict[Item, bytes], list[Item]] | None = None) -> None:
+        """Join again what the application had joined (``due``: all of it); retry only what failed
+        for a passing reason."""
         if self._state is not SessionState.CONNECTED:
             return
-        with self._lock:
-            members = dict(self._joined) if members is None else members
-            candidacies = set(self._candidacies) if candidacies is None else candidacies
+        members, candidacies = self._joined.due() if due is None else due
+        backend = self._backend
         failed_members = {
             item: data
             for item, data in members.items()
-            if not self._redo(self._joined, "member", item, self._rejoin_member(data))
+            if not self._joined.redo(item, partial(_join_with, backend, data))
         }
-        failed_candidacies = {
-            item
-            for item in sorted(candidacies)
-            if not self._redo(self._candidacies, "candidacy", item, self._backend.nominate)
-        }
+        failed_candidacies = [item for item in candidacies if not self._joined.redo(item, backend.nominate)]
         if failed_members or failed_candidacies:
             self._dispatcher.submit_later(
-                RETRY_DELAY, partial(self._rejoin, failed_members, failed_candidacies)
+                RETRY_DELAY, partial(self._rejoin, (failed_members, failed_candidacies))
             )
-
-    def _rejoin_member(self, data: bytes) -> Callable[[str, str], None]:
-        return lambda group, member_id: self._backend.join(group, member_id, data)
-
-    def _redo(
-        self, tracked: Any, kind: str, item: tuple[str, str], call: Callable[[str, str], object]
-    ) -> bool:
-        """Run ``call(*item)`` unless it is no longer tracked or already joined in this session;
-        False if it failed for a passing reason and should be retried."""
-        with self._lock:
-            losses = self._losses
-            if (
-                item not in tracked
-                or (kind, *item) in self._once
-                or self._joined_in.get((kind, *item)) == losses
-            ):
-                return True
-        try:
-            call(*item)
-            with self._lock:
-                self._joined_in[(kind, *item)] = losses
-        except MemberExistsError:
-            log.warning("could not re-join %r to %r: another live session holds that id", item[1], item[0])
-            with self._lock:
-                if isinstance(tracked, dict):
-                    tracked.pop(item, None)
-                else:
-                    tracked.discard(item)
-        except ConsensusError as exc:
-            log.info("re-joining %r to %r failed (%s); retrying", item[1], item[0], exc)
-            return False
-        return True
 
     def _notify_state(self, state: SessionState) -> None:
         with self._lock:
@@ -463,3 +385,7 @@ class Session(Closing):
                 listener(state)
             except Exception:
                 log.exception("state listener %r raised; delivery continues", listener)
+
+
+def _join_with(backend: Backend, data: bytes, group: str, member_id: str) -> None:
+    backend.join(group, member_id, data)
