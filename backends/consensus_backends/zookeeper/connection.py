@@ -133,6 +133,11 @@ class Connection:
         """The id of the current ZooKeeper session (changes after LOST)."""
         return self._session_id
 
+    @property
+    def losses(self) -> int:
+        """How many times a session was lost: a result read before it changed is of an old session."""
+        return self._losses
+
     def owns(self, stat: Any) -> bool:
         """Whether ``stat`` is that of an ephemeral znode of the current session."""
         return stat is not None and stat.ephemeralOwner == self._session_id
