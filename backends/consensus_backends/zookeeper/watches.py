@@ -66,7 +66,9 @@ class _Watch:
         done: Callable[[Any], object]
         if self._children:
             done = self._children_set_quietly if reported else self._children_set
-            rearm = self._client.get_children_async(self._path, watch=self._fired, include_data=True)
+            rearm = self._client.get_children_async(
+                self._path, watch=self._fired, include_data=self._listed is not None
+            )
             rearm.rawlink(done)
             if reported and self._listed is not None:
                 self._listed(rearm)
