@@ -33,7 +33,7 @@ from consensus_api.testing import ServerHandle, start_server
 from consensus_api.testing._host import HOST, free_port, tcp_request
 from consensus_api.testing.certificates import Impostor
 from consensus_backends.zookeeper import ZooKeeperBackend
-from consensus_backends.zookeeper.paths import decode_name, encode_name
+from consensus_backends.zookeeper.paths import _needs_escape, decode_name, encode_name
 from consensus_backends.zookeeper.profile import expire_zookeeper_session
 
 MIB = 1024 * 1024
@@ -123,6 +123,13 @@ def test_name_encoding_round_trips() -> None:
         assert "/" not in encoded
         assert all(ord(char) < 0xD800 and ord(char) >= 0x20 for char in encoded)
         assert decode_name(encoded) == name
+
+
+def test_every_character_is_escaped_exactly_when_zookeeper_needs_it() -> None:
+    """The fast path (a name with nothing to escape is kept) agrees with the rule for every character."""
+    for code in range(0x110000):
+        char = chr(code)
+        assert (encode_name(char) == char) != _needs_escape(char), hex(code)
 
 
 def test_versions_are_anchor_zxids_and_rise_across_recreate(

@@ -51,9 +51,9 @@ class ZooKeeperBackend(Backend):
             url, options, Security(options.security), events.state_changed, self._on_connected
         )
         timeout = options.request_timeout
-        self._watches = Watches(self._connection.client, self._layout, events.changed)
         self._elections = Elections(self._connection, self._layout, timeout)
         self._groups = Groups(self._connection, self._layout, timeout)
+        self._watches = Watches(self._connection.client, self._layout, events.changed, self._groups)
         self._storage = Storage(self._connection, self._layout, self._elections, timeout)
         self._change_reader = _ChangeReader(self._storage, self._groups, self._elections)
 

@@ -133,6 +133,11 @@ class Connection:
         """The id of the current ZooKeeper session (changes after LOST)."""
         return self._session_id
 
+    @property
+    def losses(self) -> int:
+        """How many times a session was lost: a result read before it changed is of an old session."""
+        return self._losses
+
     def owns(self, stat: Any) -> bool:
         """Whether ``stat`` is that of an ephemeral znode of the current session."""
         return stat is not None and stat.ephemeralOwner == self._session_id
@@ -238,6 +243,7 @@ class Connection:
                 )
             try:
                 results = build(self.client)
+                self._await_last(results, deadline)
                 outcomes = [self._settle(result, deadline) for result in results]
                 if idempotent:
                     self._check_session(losses)
@@ -253,6 +259,14 @@ class Connection:
                 raise
             except Exception as exc:  # anything else kazoo raised: never let it escape
                 raise ConsensusError(f"ZooKeeper request failed: {type(exc).__name__}: {exc}") from None
+
+    @staticmethod
+    def _await_last(results: Sequence[Any], deadline: float) -> None:
+        """Wait for the last of pipelined requests first: kazoo sets results in the order the server
+        answers (the order they were sent), so the others are then set too, and the caller's thread
+        wakes once, not once per reply it would otherwise catch before the next arrived."""
+        if len(results) > 1:
+            results[-1].wait(max(0.0, deadline - time.monotonic()))
 
     def _wake(self) -> None:
         """Wake the waiters (a TLS certificate was refused: ``open`` gives up at once)."""

@@ -21,6 +21,7 @@ strictly increases across delete and re-create.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import unquote
 
 from consensus_api.errors import ConfigurationError
@@ -37,8 +38,14 @@ def _needs_escape(char: str) -> bool:
     return char in "%/" or code < 0x20 or 0x7F <= code <= 0x9F or code >= 0xD800
 
 
+#: Any character ``_needs_escape`` accepts (a name without one is its own encoding).
+_ESCAPED = re.compile("[%/\x00-\x1f\x7f-\x9f\ud800-\U0010ffff]")
+
+
 def encode_name(text: str) -> str:
     """``text`` as one znode name: ``%``, ``/`` and characters ZooKeeper rejects become ``%XX``."""
+    if _ESCAPED.search(text) is None:
+        return text  # the common case, without a call per character
     return "".join(
         "".join(f"%{byte:02X}" for byte in char.encode("utf-8", "surrogatepass"))
         if _needs_escape(char)

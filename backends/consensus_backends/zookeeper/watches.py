@@ -8,7 +8,8 @@ sent and only *then* is the target reported changed, so the core's re-read
 goes to the server after the re-arm (a session's requests are served in
 order): a change either precedes that read or fires the new watch. The
 report does not wait for the re-arm's reply, which saves the re-read a
-round trip. kazoo drops all watches when the connection breaks;
+round trip. A group's re-arm is a ``getChildren2`` handed to ``Groups.listed``:
+its reply is the first read of the re-read. kazoo drops all watches when the connection breaks;
 ``rearm_all`` (called on every CONNECTED) arms them again and reports every
 target once they are set.
 
@@ -18,6 +19,7 @@ asynchronous requests and call ``changed`` (which returns at once).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -29,6 +31,7 @@ from kazoo.protocol.states import EventType
 
 from consensus_api.backend import Target, TargetKind
 from consensus_backends.zookeeper.connection import TRANSIENT
+from consensus_backends.zookeeper.membership import Groups
 from consensus_backends.zookeeper.paths import Layout
 
 log = logging.getLogger("consensus_api.zookeeper")
@@ -44,22 +47,31 @@ class _Watch:
         path: str,
         children: bool,
         changed: Callable[[Target], None],
+        *,
+        listed: Callable[[Any], None] | None = None,
     ) -> None:
         self._client = client
         self._target = target
         self._path = path
         self._children = children
         self._changed = changed
+        self._listed = listed
         self.active = True
 
     def arm(self, *, reported: bool = False) -> None:
-        """Set the watch (again); the target is reported once it is set, unless ``reported``."""
+        """Set the watch (again); the target is reported once it is set, unless ``reported``
+        (then a group's re-arm, children and parent stat, goes to ``listed`` before the report)."""
         if not self.active:
             return
         done: Callable[[Any], object]
         if self._children:
             done = self._children_set_quietly if reported else self._children_set
-            self._client.get_children_async(self._path, watch=self._fired).rawlink(done)
+            rearm = self._client.get_children_async(
+                self._path, watch=self._fired, include_data=self._listed is not None
+            )
+            rearm.rawlink(done)
+            if reported and self._listed is not None:
+                self._listed(rearm)
         else:
             done = self._check if reported else self._set
             self._client.exists_async(self._path, watch=self._fired).rawlink(done)
@@ -105,10 +117,13 @@ class _Watch:
 class Watches:
     """The armed watches of one backend."""
 
-    def __init__(self, client: KazooClient, layout: Layout, changed: Callable[[Target], None]) -> None:
+    def __init__(
+        self, client: KazooClient, layout: Layout, changed: Callable[[Target], None], groups: Groups
+    ) -> None:
         self._client = client
         self._layout = layout
         self._changed = changed
+        self._groups = groups
         self._lock = threading.Lock()
         self._active: dict[Target, _Watch] = {}
 
@@ -117,8 +132,16 @@ class Watches:
         with self._lock:
             if target in self._active:
                 return
+            listed = None
+            if target.kind is TargetKind.GROUP:
+                listed = functools.partial(self._groups.listed, target.name)
             watch = self._active[target] = _Watch(
-                self._client, target, self._path(target), target.kind is not TargetKind.VALUE, self._changed
+                self._client,
+                target,
+                self._path(target),
+                target.kind is not TargetKind.VALUE,
+                self._changed,
+                listed=listed,
             )
         watch.arm()
 
@@ -128,6 +151,8 @@ class Watches:
             watch = self._active.pop(target, None)
         if watch is not None:
             watch.active = False
+            if target.kind is TargetKind.GROUP:
+                self._groups.forget(target.name)
 
     def rearm_all(self) -> None:
         """Arm every watch again (after a reconnect or a new session)."""

@@ -1,0 +1,105 @@
+"""ZooKeeper: a group's re-read after its child watch fired lists the children with the watch's
+re-arm, and a listing older than a membership already returned is never returned."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from typing import Any
+
+import consensus_api as ca
+from consensus_api.testing import ServerHandle
+from consensus_backends.zookeeper import ZooKeeperBackend
+from consensus_backends.zookeeper.paths import encode_name
+
+TIMEOUT = 10.0
+
+
+class ListingCount:
+    """Counts the session's children reads that set no watch (a re-arm sets one)."""
+
+    def __init__(self, client: Any) -> None:
+        self.calls = 0
+        self._get_children_async = client.get_children_async
+        client.get_children_async = self
+
+    def __call__(self, path: str, watch: Any = None, include_data: bool = False) -> Any:
+        if watch is None:
+            self.calls += 1
+        return self._get_children_async(path, watch=watch, include_data=include_data)
+
+
+def _backend(session: ca.Session) -> ZooKeeperBackend:
+    backend = session._backend
+    assert isinstance(backend, ZooKeeperBackend)
+    return backend
+
+
+def _settle(session: ca.Session) -> None:
+    """Wait until the dispatcher has run what is queued (the re-read the watch's first arm asks for)."""
+    done = threading.Event()
+    session._dispatcher.submit(done.set)
+    assert done.wait(TIMEOUT)
+
+
+def test_membership_rereads_start_from_the_rearm(zookeeper_server: ServerHandle) -> None:
+    url = f"{zookeeper_server.url}/zk-reread-{uuid.uuid4().hex[:8]}"
+    with ca.connect(url) as watcher, ca.connect(url) as joiner:
+        seen: list[frozenset[str]] = []
+        arrived = threading.Condition()
+
+        def on(event: ca.MembershipChanged) -> None:
+            with arrived:
+                seen.append(frozenset(event.members))
+                arrived.notify_all()
+
+        joiner.group("g").join("m0", b"data 0")  # the group's znodes exist from here on
+        watcher.group("g").add_listener(on)
+        with arrived:
+            assert arrived.wait_for(lambda: bool(seen), TIMEOUT)  # the first event: a linearizable read
+        _settle(watcher)
+        listings = ListingCount(_backend(watcher)._connection.client)
+        for number in range(1, 10):
+            joiner.group("g").join(f"m{number}", f"data {number}".encode())
+            with arrived:
+                assert arrived.wait_for(lambda: f"m{number}" in seen[-1], TIMEOUT), seen  # noqa: B023
+            _settle(watcher)
+        assert listings.calls == 0  # every re-read's listing was the re-arm's reply
+        assert all(earlier <= later for earlier, later in itertools.pairwise(seen)), seen
+        assert watcher.group("g").membership() == {f"m{n}": f"data {n}".encode() for n in range(10)}
+
+
+def test_a_rearm_older_than_a_returned_membership_is_not_returned(zookeeper_server: ServerHandle) -> None:
+    url = f"{zookeeper_server.url}/zk-reread-{uuid.uuid4().hex[:8]}"
+    with ca.connect(url) as watcher, ca.connect(url) as joiner:
+        seen: list[frozenset[str]] = []
+        arrived = threading.Condition()
+
+        def on(event: ca.MembershipChanged) -> None:
+            with arrived:
+                seen.append(frozenset(event.members))
+                arrived.notify_all()
+
+        watcher.group("g").add_listener(on)
+        backend = _backend(watcher)
+        groups, client = backend._groups, backend._connection.client
+        joiner.group("g").join("a", b"1")
+        members = backend._layout.members("g")
+        stale = client.get_children_async(members, include_data=True)
+        assert stale.get(TIMEOUT)[0] == [encode_name("a")]
+        joiner.group("g").join("b", b"2")
+        with arrived:  # the listener's own re-reads are done: no re-arm is pending
+            assert arrived.wait_for(lambda: bool(seen) and seen[-1] == {"a", "b"}, TIMEOUT), seen
+        _settle(watcher)
+        assert backend.membership("g") == {"a": b"1", "b": b"2"}  # linearizable: newer than ``stale``
+
+        groups.listed("g", stale)
+        listings = ListingCount(client)
+        assert backend.change_reader().membership("g") == {"a": b"1", "b": b"2"}
+        assert listings.calls == 1  # the stale listing failed the pzxid check: listed again
+
+        fresh = client.get_children_async(members, include_data=True)
+        groups.listed("g", fresh)
+        assert backend.change_reader().membership("g") == {"a": b"1", "b": b"2"}
+        assert listings.calls == 2  # ``fresh`` served as the listing (counted when it was sent)
