@@ -12,10 +12,16 @@ deadline and the auth token as metadata; grpc errors become consensus_api errors
 * A call that finds its endpoint unreachable marks it failed, so the next one
   goes to another endpoint; with several endpoints, retried calls also give up
   on an endpoint after ``FIRST_ATTEMPT`` seconds (doubling per attempt).
-* While the session is in trouble (``set_troubled``), calls make one attempt,
-  and every transition into trouble cancels the calls in flight: nobody (the
-  core's dispatcher least of all) waits out a long deadline on a dead or
-  paused server.
+* While the session is healthy, a unary call's first attempt is a blocking
+  grpc call, answered on the calling thread (a future's answer crosses from
+  grpc's polling thread: ~100 µs more per call). A blocking call cannot be
+  cancelled, so a retried call's first attempt ends after ``FIRST_ATTEMPT``
+  seconds (then the call goes on with futures); a transaction's only attempt
+  keeps its whole deadline.
+* While the session is in trouble (``set_troubled``), calls make one attempt
+  through a future, and every transition into trouble cancels the futures in
+  flight: nobody (the core's dispatcher least of all) waits out a long
+  deadline on a dead or paused server.
 * Every call requires the member to know a leader (``REQUIRE_LEADER``): a
   member cut off from its cluster refuses at once, and the client fails over.
 * Each watch gets a channel of its own, closed when the watch is replaced.
@@ -86,7 +92,8 @@ Metadata = tuple[tuple[str, str], ...] | None
 #: the others) refuses at once with ``no leader`` (UNAVAILABLE), and ends its watch streams, instead
 #: of letting the call wait out its deadline; the call then goes to another endpoint.
 REQUIRE_LEADER = ("hasleader", "true")
-Start = Callable[["_Stubs", float, Metadata], Any]
+#: Picks the grpc multi-callable of a call from the stubs of the channel in use.
+Method = Callable[["_Stubs"], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,11 +172,7 @@ class EtcdClient:
         request = etcdrpc.AuthenticateRequest(name=self._user, password=self._password or "")
         try:
             response = self._call(
-                "authentication",
-                lambda s, t, _: s.auth.Authenticate.future(request, timeout=t),
-                deadline,
-                retry=True,
-                reauthenticate=False,
+                "authentication", _authenticate, request, deadline, retry=True, authenticated=False
             )
         except ConfigurationError as exc:
             if str(exc).startswith(TLS_REFUSED):
@@ -183,21 +186,14 @@ class EtcdClient:
     def range(self, request: Any, deadline: float) -> Any:
         """A RangeResponse; linearizable unless the request says otherwise. ``read_revision`` is the
         highest revision a read has returned."""
-        response = self._call(
-            "a read", lambda s, t, m: s.kv.Range.future(request, timeout=t, metadata=m), deadline, retry=True
-        )
+        response = self._call("a read", _range, request, deadline, retry=True)
         with self._floor_lock:
             self.read_revision = max(self.read_revision, int(response.header.revision))
         return response
 
     def txn(self, request: Any, deadline: float) -> Any:
         """A TxnResponse; never sent twice."""
-        return self._call(
-            "a transaction",
-            lambda s, t, m: s.kv.Txn.future(request, timeout=t, metadata=m),
-            deadline,
-            retry=False,
-        )
+        return self._call("a transaction", _txn, request, deadline, retry=False)
 
     def revision(self, key: bytes, deadline: float) -> int:
         """The cluster's current revision, from a linearizable count of ``key`` (which the user may read)."""
@@ -207,9 +203,8 @@ class EtcdClient:
         """The server version from the Maintenance ``Status`` call of the endpoint in use."""
         response = self._call(
             "a status request",
-            lambda s, t, m: etcdrpc.MaintenanceStub(s.channel).Status.future(
-                etcdrpc.StatusRequest(), timeout=t, metadata=m
-            ),
+            lambda s: etcdrpc.MaintenanceStub(s.channel).Status,
+            etcdrpc.StatusRequest(),
             deadline,
             retry=True,
         )
@@ -218,12 +213,7 @@ class EtcdClient:
     def grant(self, ttl: int, deadline: float) -> tuple[int, int]:
         """A new lease: its id and the TTL etcd granted (at least the cluster's minimum)."""
         request = etcdrpc.LeaseGrantRequest(TTL=ttl)
-        response = self._call(
-            "a lease grant",
-            lambda s, t, m: s.lease.LeaseGrant.future(request, timeout=t, metadata=m),
-            deadline,
-            retry=True,
-        )
+        response = self._call("a lease grant", lambda s: s.lease.LeaseGrant, request, deadline, retry=True)
         if response.error:
             raise ConsensusError(f"etcd refused a lease: {response.error}")
         return int(response.ID), int(response.TTL)
@@ -232,12 +222,7 @@ class EtcdClient:
         """Revoke a lease, deleting its keys; a lease that is already gone is fine."""
         request = etcdrpc.LeaseRevokeRequest(ID=lease_id)
         with contextlib.suppress(SessionLostError):
-            self._call(
-                "a lease revoke",
-                lambda s, t, m: s.lease.LeaseRevoke.future(request, timeout=t, metadata=m),
-                deadline,
-                retry=True,
-            )
+            self._call("a lease revoke", lambda s: s.lease.LeaseRevoke, request, deadline, retry=True)
 
     def keepalive(self, lease_id: int, deadline: float) -> int:
         """One keep-alive, one attempt; the remaining TTL (0: the lease is gone)."""
@@ -250,15 +235,15 @@ class EtcdClient:
             finally:
                 call.cancel()
 
-        request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
+        requests = iter([etcdrpc.LeaseKeepAliveRequest(ID=lease_id)])
         return int(
             self._call(
                 "a lease keep-alive",
-                lambda s, t, m: s.lease.LeaseKeepAlive(iter([request]), timeout=t, metadata=m),
+                lambda s: s.lease.LeaseKeepAlive,
+                requests,
                 deadline,
                 retry=False,
-                once=True,
-                finish=first_answer,
+                stream=first_answer,
             )
         )
 
@@ -355,19 +340,23 @@ class EtcdClient:
     def _call(
         self,
         what: str,
-        start: Start,
+        method: Method,
+        request: Any,
         deadline: float,
         *,
         retry: bool,
-        once: bool = False,
-        finish: Callable[[Any], Any] = lambda call: call.result(),
-        reauthenticate: bool = True,
+        stream: Callable[[Any], Any] | None = None,
+        authenticated: bool = True,
     ) -> Any:
-        """Start calls until one succeeds or fails for good; ``finish`` waits for its result.
+        """Send ``request`` until an attempt succeeds or fails for good.
 
-        ``retry``: the call is harmless to repeat. ``once``: a single attempt.
+        ``retry``: the call is harmless to repeat. ``stream``: the method is a
+        streaming call that gets a single attempt, and ``stream(call)`` waits
+        for its answer. ``authenticated``: the call carries the auth token
+        (and is sent again once with a new one if etcd says it expired).
         """
         attempt = FIRST_ATTEMPT
+        reauthenticate, blocking = authenticated, stream is None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -375,14 +364,23 @@ class EtcdClient:
             try:
                 stubs = self._current_stubs()
             except (NoServerAvailableError, ValueError):  # every endpoint failed a moment ago
-                if once or self._troubled:
+                if stream is not None or self._troubled:
                     raise OperationTimeoutError(f"no etcd endpoint is reachable for {what}") from None
                 time.sleep(min(RETRY_PAUSE, remaining))
                 continue
-            timeout = min(remaining, attempt) if retry and len(self._addresses) > 1 else remaining
+            blocking = blocking and not self._troubled
+            cut = retry and (blocking or len(self._addresses) > 1)
+            timeout = min(remaining, attempt) if cut else remaining
+            metadata = self._metadata if authenticated else None
             try:
                 troubles = self._troubles
-                return self._await(start(stubs, timeout, self._metadata), finish, troubles)
+                if blocking:  # answered on this thread, not cancellable: see the module's docstring
+                    return method(stubs)(request, timeout=timeout, metadata=metadata)
+                if stream is not None:
+                    call = method(stubs)(request, timeout=timeout, metadata=metadata)
+                    return self._await(call, stream, troubles)
+                call = method(stubs).future(request, timeout=timeout, metadata=metadata)
+                return self._await(call, _result, troubles)
             except ValueError:  # grpc refuses calls on a closed channel
                 raise SessionLostError("the etcd connection is closed") from None
             except grpc.FutureCancelledError:
@@ -402,11 +400,12 @@ class EtcdClient:
                 self._endpoint_failed()
                 unsent = code is Code.UNAVAILABLE and NOT_SENT in (exc.details() or "")
                 again = unsent or (retry and (code is Code.UNAVAILABLE or timeout < remaining))
-                if not again or once or self._troubled:
+                if not again or stream is not None or self._troubled:
                     if unsent:
                         raise OperationTimeoutError(f"etcd is unreachable; {what} was not sent") from None
                     raise translate(exc, what) from None
                 attempt *= 2
+                blocking = False  # a call that failed once goes on cancellable
                 time.sleep(max(min(RETRY_PAUSE, deadline - time.monotonic()), 0))
 
     def _await(self, call: Any, finish: Callable[[Any], Any], troubles: int) -> Any:
@@ -420,6 +419,22 @@ class EtcdClient:
         finally:
             with self._lock:
                 self._in_flight.discard(call)
+
+
+def _authenticate(stubs: _Stubs) -> Any:
+    return stubs.auth.Authenticate
+
+
+def _range(stubs: _Stubs) -> Any:
+    return stubs.kv.Range
+
+
+def _txn(stubs: _Stubs) -> Any:
+    return stubs.kv.Txn
+
+
+def _result(call: Any) -> Any:
+    return call.result()
 
 
 def _netloc(host: str, port: int) -> str:
