@@ -12,16 +12,14 @@ deadline and the auth token as metadata; grpc errors become consensus_api errors
 * A call that finds its endpoint unreachable marks it failed, so the next one
   goes to another endpoint; with several endpoints, retried calls also give up
   on an endpoint after ``FIRST_ATTEMPT`` seconds (doubling per attempt).
-* While the session is healthy, a unary call's first attempt is a blocking
-  grpc call, answered on the calling thread (a future's answer crosses from
-  grpc's polling thread: ~100 µs more per call). A blocking call cannot be
-  cancelled, so a retried call's first attempt ends after ``FIRST_ATTEMPT``
-  seconds (then the call goes on with futures); a transaction's only attempt
-  keeps its whole deadline.
-* While the session is in trouble (``set_troubled``), calls make one attempt
-  through a future, and every transition into trouble cancels the futures in
-  flight: nobody (the core's dispatcher least of all) waits out a long
-  deadline on a dead or paused server.
+* While the session is healthy, unary calls are blocking grpc calls, answered
+  on the calling thread (a future's answer crosses from grpc's polling thread:
+  ~100 µs more per call); in trouble they are futures.
+* While the session is in trouble (``set_troubled``), calls make one attempt,
+  and every transition into trouble ends the calls in flight (futures are
+  cancelled; blocking calls end with their channel, closed and replaced):
+  nobody (the core's dispatcher least of all) waits out a long deadline on a
+  dead or paused server.
 * Every call requires the member to know a leader (``REQUIRE_LEADER``): a
   member cut off from its cluster refuses at once, and the client fails over.
 * Each watch gets a channel of its own, closed when the watch is replaced.
@@ -73,6 +71,9 @@ FAILED_ENDPOINT_PAUSE = 0.5
 #: With several endpoints, the first attempt of a retried call ends after this many seconds
 #: (then twice as long, and so on) and the next attempt goes to another endpoint.
 FIRST_ATTEMPT = 1.0
+
+#: Seconds a call trusts the endpoint in use and its stubs without asking pyetcd again.
+RECHECK = 0.5
 
 #: Reconnect quickly after a server restart; detect dead connections under an idle watch
 #: (etcd refuses pings more often than every 5 s); no cap on response sizes.
@@ -131,6 +132,7 @@ class EtcdClient:
         self._addresses = {_netloc(host, port): (host, port) for host, port in endpoints}
         self._lock = threading.Lock()
         self._stubs: _Stubs | None = None
+        self._recheck_at = 0.0
         self._warm: KeepWarm | None = None
         self._closed = False
         self._metadata: Metadata = (REQUIRE_LEADER,)
@@ -156,14 +158,25 @@ class EtcdClient:
     # Calls
 
     def set_troubled(self, troubled: bool) -> None:
-        """Enter trouble (cancelling every call in flight) or leave it."""
+        """Enter trouble (ending every call in flight) or leave it.
+
+        Futures are cancelled; blocking calls end with their channel, which is
+        closed and replaced (the next call connects again)."""
+        old = None
         with self._lock:
             self._troubled = troubled
             if troubled:
                 self._troubles += 1
             cancel = list(self._in_flight) if troubled else []
+            endpoint = self._client.endpoint_in_use
+            if troubled and not self._closed and endpoint is not None:
+                host, port = self._addresses[endpoint.netloc]
+                old, endpoint.channel = endpoint.channel, self._endpoint(host, port).channel
+                self._recheck_at = 0.0
         for call in cancel:
             call.cancel()
+        if old is not None:
+            old.close()
 
     def authenticate(self, deadline: float) -> None:
         """Get an auth token when the URL names a user; ``ConfigurationError`` if etcd refuses it."""
@@ -187,8 +200,10 @@ class EtcdClient:
         """A RangeResponse; linearizable unless the request says otherwise. ``read_revision`` is the
         highest revision a read has returned."""
         response = self._call("a read", _range, request, deadline, retry=True)
-        with self._floor_lock:
-            self.read_revision = max(self.read_revision, int(response.header.revision))
+        revision = int(response.header.revision)
+        if revision > self.read_revision:
+            with self._floor_lock:
+                self.read_revision = max(self.read_revision, revision)
         return response
 
     def txn(self, request: Any, deadline: float) -> Any:
@@ -309,7 +324,13 @@ class EtcdClient:
         )
 
     def _current_stubs(self) -> _Stubs:
+        """The stubs of the endpoint in use; the endpoint and the warm stream are checked at most
+        every ``RECHECK`` seconds, and at the next call after an endpoint failed."""
+        stubs = self._stubs
+        if stubs is not None and time.monotonic() < self._recheck_at:
+            return stubs
         with self._lock:
+            self._recheck_at = time.monotonic() + RECHECK
             channel = self._client.channel
             if self._stubs is None or self._stubs.channel is not channel:
                 self._stubs = _Stubs(
@@ -333,9 +354,10 @@ class EtcdClient:
 
     def _endpoint_failed(self) -> None:
         """Let the next call fail over to another endpoint, if there is one."""
-        if len(self._addresses) > 1:
-            with self._lock:
+        with self._lock:
+            if len(self._addresses) > 1:
                 self._client.endpoint_in_use.fail()
+            self._recheck_at = 0.0  # the next call asks pyetcd for the endpoint to use
 
     def _call(
         self,
@@ -356,7 +378,7 @@ class EtcdClient:
         (and is sent again once with a new one if etcd says it expired).
         """
         attempt = FIRST_ATTEMPT
-        reauthenticate, blocking = authenticated, stream is None
+        reauthenticate = authenticated
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -368,21 +390,21 @@ class EtcdClient:
                     raise OperationTimeoutError(f"no etcd endpoint is reachable for {what}") from None
                 time.sleep(min(RETRY_PAUSE, remaining))
                 continue
-            blocking = blocking and not self._troubled
-            cut = retry and (blocking or len(self._addresses) > 1)
-            timeout = min(remaining, attempt) if cut else remaining
+            timeout = min(remaining, attempt) if retry and len(self._addresses) > 1 else remaining
             metadata = self._metadata if authenticated else None
             try:
                 troubles = self._troubles
-                if blocking:  # answered on this thread, not cancellable: see the module's docstring
+                if stream is None and not self._troubled:  # answered on this thread
                     return method(stubs)(request, timeout=timeout, metadata=metadata)
                 if stream is not None:
                     call = method(stubs)(request, timeout=timeout, metadata=metadata)
                     return self._await(call, stream, troubles)
                 call = method(stubs).future(request, timeout=timeout, metadata=metadata)
                 return self._await(call, _result, troubles)
-            except ValueError:  # grpc refuses calls on a closed channel
-                raise SessionLostError("the etcd connection is closed") from None
+            except ValueError:  # grpc refuses calls on a closed channel: closed by us, or replaced
+                if self._closed:
+                    raise SessionLostError("the etcd connection is closed") from None
+                raise interrupted(what) from None
             except grpc.FutureCancelledError:
                 raise interrupted(what) from None
             except grpc.RpcError as exc:
@@ -405,7 +427,6 @@ class EtcdClient:
                         raise OperationTimeoutError(f"etcd is unreachable; {what} was not sent") from None
                     raise translate(exc, what) from None
                 attempt *= 2
-                blocking = False  # a call that failed once goes on cancellable
                 time.sleep(max(min(RETRY_PAUSE, deadline - time.monotonic()), 0))
 
     def _await(self, call: Any, finish: Callable[[Any], Any], troubles: int) -> Any:
