@@ -63,6 +63,8 @@ class _Instruments:
 
         meter = metrics.get_meter("consensus_api", __version__)
         self.tracer = trace.get_tracer("consensus_api", __version__)
+        self._trace = trace
+        self._tracing = False
         self.duration = meter.create_histogram(
             "consensus.operation.duration", unit="s", description="Latency of one backend call"
         )
@@ -94,6 +96,13 @@ class _Instruments:
         self.generation = meter.create_gauge(
             "consensus.coordinator.generation", description="The generation a coordinator last joined"
         )
+
+    def tracing(self) -> bool:
+        """Whether the application installed a tracer provider; until then every span is a no-op
+        and is not opened (it would cost a call several µs). A provider is installed only once."""
+        if not self._tracing:
+            self._tracing = not isinstance(self._trace.get_tracer_provider(), self._trace.ProxyTracerProvider)
+        return self._tracing
 
 
 def _shared_instruments() -> _Instruments:
@@ -144,17 +153,24 @@ class SessionTelemetry:
     def call(self, operation: str, method: Callable[..., Any], *args: Any) -> Any:
         attributes = {"consensus.backend": self.backend, "consensus.operation": operation}
         instruments = self._instruments
+        if not instruments.tracing():
+            return self._measure(attributes, method, args)
         with instruments.tracer.start_as_current_span(f"consensus.{operation}", attributes=attributes):
-            started = time.perf_counter()
-            try:
-                return method(*args)
-            except WouldBlock:  # did nothing: the ordinary call follows, and is measured
-                raise
-            except Exception as exc:
-                instruments.errors.add(1, {**attributes, "error.type": type(exc).__name__})
-                raise
-            finally:
-                instruments.duration.record(time.perf_counter() - started, attributes)
+            return self._measure(attributes, method, args)
+
+    def _measure(self, attributes: dict[str, str], method: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """``method(*args)``, its duration and any error recorded."""
+        instruments = self._instruments
+        started = time.perf_counter()
+        try:
+            return method(*args)
+        except WouldBlock:  # did nothing: the ordinary call follows, and is measured
+            raise
+        except Exception as exc:
+            instruments.errors.add(1, {**attributes, "error.type": type(exc).__name__})
+            raise
+        finally:
+            instruments.duration.record(time.perf_counter() - started, attributes)
 
     def rebalanced(self, group: str, generation: int, seconds: float | None) -> None:
         attributes = {"consensus.backend": self.backend, "consensus.group": group}
