@@ -15,6 +15,7 @@ never a key, a value, member data or a URL's credentials.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -120,6 +121,7 @@ class SessionTelemetry:
         self.backend = backend
         self._instruments = _shared_instruments()
         self._leaders: dict[str, str | None] = {}
+        self._attributes: dict[str, dict[str, str]] = {}
 
     def measured(self, backend: Backend) -> Backend:
         """``backend`` with each call of :data:`OPERATIONS` timed and traced."""
@@ -151,7 +153,10 @@ class SessionTelemetry:
         return cast("CoordinatorHandler", _ObservedHandler(handler, group, self))
 
     def call(self, operation: str, method: Callable[..., Any], *args: Any) -> Any:
-        attributes = {"consensus.backend": self.backend, "consensus.operation": operation}
+        attributes = self._attributes.get(operation)
+        if attributes is None:  # one dict per operation, never changed once made
+            attributes = {"consensus.backend": self.backend, "consensus.operation": operation}
+            self._attributes[operation] = attributes
         instruments = self._instruments
         if not instruments.tracing():
             return self._measure(attributes, method, args)
@@ -199,7 +204,9 @@ class _MeasuredBackend:
             return lambda: None if (reader := attribute()) is None else _MeasuredBackend(reader, telemetry)
         if name not in OPERATIONS:
             return attribute
-        return lambda *args: self._telemetry.call(name, attribute, *args)
+        measured = functools.partial(self._telemetry.call, name, attribute)
+        self.__dict__[name] = measured  # found without ``__getattr__`` from now on
+        return measured
 
 
 class _ObservedHandler:

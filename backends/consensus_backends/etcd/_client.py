@@ -25,7 +25,8 @@ deadline and the auth token as metadata; grpc errors become consensus_api errors
 * Each watch gets a channel of its own, closed when the watch is replaced.
 * An idle stream stays open on the unary calls' channel (``_warm.KeepWarm``):
   without one, grpc starts a polling thread for every call made through a
-  future, which costs more than the call itself on a loaded machine.
+  future or a stream (keep-alives, calls in trouble), which costs more than
+  the call itself on a loaded machine.
 """
 
 from __future__ import annotations

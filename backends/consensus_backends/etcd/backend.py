@@ -150,9 +150,9 @@ class EtcdBackend(Backend):
     def fetch(self, key: str) -> Versioned | None:
         """The value and ``mod_revision`` of ``key`` (a linearizable read)."""
         response = self._client.range(etcdrpc.RangeRequest(key=self._layout.key(key)), self._deadline())
-        if not response.kvs:
-            return None
-        return Versioned(bytes(response.kvs[0].value), int(response.kvs[0].mod_revision))
+        for kv in response.kvs:  # one at most
+            return Versioned(bytes(kv.value), int(kv.mod_revision))
+        return None
 
     def put(self, key: str, value: bytes, fence: Leadership | None) -> int:
         """Create ``key`` if ``create_revision == 0``; the new version is the transaction's revision."""
