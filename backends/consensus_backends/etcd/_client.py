@@ -251,12 +251,12 @@ class EtcdClient:
             finally:
                 call.cancel()
 
-        requests = iter([etcdrpc.LeaseKeepAliveRequest(ID=lease_id)])
+        request = etcdrpc.LeaseKeepAliveRequest(ID=lease_id)
         return int(
             self._call(
                 "a lease keep-alive",
                 lambda s: s.lease.LeaseKeepAlive,
-                requests,
+                request,
                 deadline,
                 retry=False,
                 stream=first_answer,
@@ -374,8 +374,8 @@ class EtcdClient:
         """Send ``request`` until an attempt succeeds or fails for good.
 
         ``retry``: the call is harmless to repeat. ``stream``: the method is a
-        streaming call that gets a single attempt, and ``stream(call)`` waits
-        for its answer. ``authenticated``: the call carries the auth token
+        streaming call (``request`` its only message) that gets a single
+        attempt, and ``stream(call)`` waits for its answer. ``authenticated``: the call carries the auth token
         (and is sent again once with a new one if etcd says it expired).
         """
         attempt = FIRST_ATTEMPT
@@ -398,7 +398,7 @@ class EtcdClient:
                 if stream is None and not self._troubled:  # answered on this thread
                     return method(stubs)(request, timeout=timeout, metadata=metadata)
                 if stream is not None:
-                    call = method(stubs)(request, timeout=timeout, metadata=metadata)
+                    call = method(stubs)(iter([request]), timeout=timeout, metadata=metadata)
                     return self._await(call, stream, troubles)
                 call = method(stubs).future(request, timeout=timeout, metadata=metadata)
                 return self._await(call, _result, troubles)
