@@ -84,6 +84,7 @@ class EtcdBackend(Backend):
         self._layout = Layout.from_path(url.path)
         self._lock = threading.Lock()
         self._owned: set[bytes] = set()
+        self._fence_requests = rq.FenceRequests(self._layout)
         self._closed = False
 
     @property
@@ -343,10 +344,9 @@ class EtcdBackend(Backend):
     ) -> Any:
         """Run a conditional write; ``FencedError`` if ``fence`` is not the current leadership."""
         if fence is not None:
-            if fence.term < 1:
-                raise FencedError(f"term {fence.term} of {fence.service!r} was never current")
-            compare = compare + rq.fence_compares(self._layout, fence)
-            failure = [*failure, rq.fence_read(self._layout, fence)]
+            fence_compares, fence_read = self._fence_requests.get(fence)
+            compare = compare + fence_compares
+            failure = [*failure, fence_read]
         response = self._client.txn(rq.txn(compare, success, failure), self._deadline())
         if (
             not response.succeeded
