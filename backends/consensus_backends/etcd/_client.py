@@ -51,6 +51,7 @@ from consensus_api.errors import (
     OperationTimeoutError,
     SessionLostError,
 )
+from consensus_backends.etcd._channel import TLS, netloc, open_endpoint
 from consensus_backends.etcd._errors import (
     NOT_SENT,
     TLS_REFUSED,
@@ -65,9 +66,8 @@ from consensus_backends.etcd._warm import KeepWarm
 
 log = logging.getLogger("consensus_api.etcd")
 
-#: Seconds between attempts of a retried call, and how long a failed endpoint is skipped.
+#: Seconds between attempts of a retried call.
 RETRY_PAUSE = 0.1
-FAILED_ENDPOINT_PAUSE = 0.5
 
 #: With several endpoints, the first attempt of a retried call ends after this many seconds
 #: (then twice as long, and so on) and the next attempt goes to another endpoint.
@@ -75,18 +75,6 @@ FIRST_ATTEMPT = 1.0
 
 #: Seconds a call trusts the endpoint in use and its stubs without asking pyetcd again.
 RECHECK = 0.5
-
-#: Reconnect quickly after a server restart; detect dead connections under an idle watch
-#: (etcd refuses pings more often than every 5 s); no cap on response sizes.
-CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_receive_message_length", -1),
-]
 
 Metadata = tuple[tuple[str, str], ...] | None
 
@@ -96,15 +84,6 @@ Metadata = tuple[tuple[str, str], ...] | None
 REQUIRE_LEADER = ("hasleader", "true")
 #: Picks the grpc multi-callable of a call from the stubs of the channel in use.
 Method = Callable[["_Stubs"], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class TLS:
-    """PEM contents for a TLS connection; None means the default (system roots, no client cert)."""
-
-    ca: bytes | None
-    cert: bytes | None
-    key: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +109,7 @@ class EtcdClient:
         self._tls = tls
         self._user = user
         self._password = password
-        self._addresses = {_netloc(host, port): (host, port) for host, port in endpoints}
+        self._addresses = {netloc(host, port): (host, port) for host, port in endpoints}
         self._lock = threading.Lock()
         self._stubs: _Stubs | None = None
         self._recheck_at = 0.0
@@ -143,7 +122,7 @@ class EtcdClient:
         self._troubles = 0
         self._in_flight: set[Any] = set()
         self._client = pyetcd.MultiEndpointEtcd3Client(
-            endpoints=[self._endpoint(host, port) for host, port in endpoints],
+            endpoints=[open_endpoint(host, port, self._tls) for host, port in endpoints],
             timeout=request_timeout,
             failover=True,
         )
@@ -172,7 +151,7 @@ class EtcdClient:
             endpoint = self._client.endpoint_in_use
             if troubled and not self._closed and endpoint is not None:
                 host, port = self._addresses[endpoint.netloc]
-                old, endpoint.channel = endpoint.channel, self._endpoint(host, port).channel
+                old, endpoint.channel = endpoint.channel, open_endpoint(host, port, self._tls).channel
                 self._recheck_at = 0.0
         for call in cancel:
             call.cancel()
@@ -283,7 +262,7 @@ class EtcdClient:
             raise OperationTimeoutError("no etcd endpoint is reachable for a watch") from None
         with self._lock:
             host, port = self._addresses[self._client.endpoint_in_use.netloc]
-        endpoint = self._endpoint(host, port)
+        endpoint = open_endpoint(host, port, self._tls)
         watcher = Watcher(
             etcdrpc.WatchStub(endpoint.channel),
             timeout=max(deadline - time.monotonic(), 0.01),
@@ -308,21 +287,6 @@ class EtcdClient:
         return close
 
     # Plumbing
-
-    def _endpoint(self, host: str, port: int) -> Any:
-        credentials = None
-        if self._tls is not None:
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=self._tls.ca, private_key=self._tls.key, certificate_chain=self._tls.cert
-            )
-        return pyetcd.Endpoint(
-            _bracketed(host),
-            port,
-            secure=self._tls is not None,
-            creds=credentials,
-            time_retry=FAILED_ENDPOINT_PAUSE,
-            opts=CHANNEL_OPTIONS,
-        )
 
     def _current_stubs(self) -> _Stubs:
         """The stubs of the endpoint in use; the endpoint and the warm stream are checked at most
@@ -457,11 +421,3 @@ def _txn(stubs: _Stubs) -> Any:
 
 def _result(call: Any) -> Any:
     return call.result()
-
-
-def _netloc(host: str, port: int) -> str:
-    return f"{_bracketed(host)}:{port}"
-
-
-def _bracketed(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

@@ -49,7 +49,8 @@ from consensus_api.keys import join_key
 from consensus_api.model import Leadership, SessionState, Versioned
 from consensus_backends.etcd import _requests as rq
 from consensus_backends.etcd._changes import ChangeReader
-from consensus_backends.etcd._client import TLS, EtcdClient
+from consensus_backends.etcd._channel import TLS
+from consensus_backends.etcd._client import EtcdClient
 from consensus_backends.etcd._errors import CompactedError
 from consensus_backends.etcd._layout import Layout, prefix_end
 from consensus_backends.etcd._lease import LeaseKeeper
