@@ -15,6 +15,7 @@ never a key, a value, member data or a URL's credentials.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -63,6 +64,8 @@ class _Instruments:
 
         meter = metrics.get_meter("consensus_api", __version__)
         self.tracer = trace.get_tracer("consensus_api", __version__)
+        self._trace = trace
+        self._tracing = False
         self.duration = meter.create_histogram(
             "consensus.operation.duration", unit="s", description="Latency of one backend call"
         )
@@ -95,6 +98,13 @@ class _Instruments:
             "consensus.coordinator.generation", description="The generation a coordinator last joined"
         )
 
+    def tracing(self) -> bool:
+        """Whether the application installed a tracer provider; until then every span is a no-op
+        and is not opened (it would cost a call several µs). A provider is installed only once."""
+        if not self._tracing:
+            self._tracing = not isinstance(self._trace.get_tracer_provider(), self._trace.ProxyTracerProvider)
+        return self._tracing
+
 
 def _shared_instruments() -> _Instruments:
     global _instruments
@@ -111,6 +121,7 @@ class SessionTelemetry:
         self.backend = backend
         self._instruments = _shared_instruments()
         self._leaders: dict[str, str | None] = {}
+        self._attributes: dict[str, dict[str, str]] = {}
 
     def measured(self, backend: Backend) -> Backend:
         """``backend`` with each call of :data:`OPERATIONS` timed and traced."""
@@ -142,19 +153,29 @@ class SessionTelemetry:
         return cast("CoordinatorHandler", _ObservedHandler(handler, group, self))
 
     def call(self, operation: str, method: Callable[..., Any], *args: Any) -> Any:
-        attributes = {"consensus.backend": self.backend, "consensus.operation": operation}
+        attributes = self._attributes.get(operation)
+        if attributes is None:  # one dict per operation, never changed once made
+            attributes = {"consensus.backend": self.backend, "consensus.operation": operation}
+            self._attributes[operation] = attributes
         instruments = self._instruments
+        if not instruments.tracing():
+            return self._measure(attributes, method, args)
         with instruments.tracer.start_as_current_span(f"consensus.{operation}", attributes=attributes):
-            started = time.perf_counter()
-            try:
-                return method(*args)
-            except WouldBlock:  # did nothing: the ordinary call follows, and is measured
-                raise
-            except Exception as exc:
-                instruments.errors.add(1, {**attributes, "error.type": type(exc).__name__})
-                raise
-            finally:
-                instruments.duration.record(time.perf_counter() - started, attributes)
+            return self._measure(attributes, method, args)
+
+    def _measure(self, attributes: dict[str, str], method: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """``method(*args)``, its duration and any error recorded."""
+        instruments = self._instruments
+        started = time.perf_counter()
+        try:
+            return method(*args)
+        except WouldBlock:  # did nothing: the ordinary call follows, and is measured
+            raise
+        except Exception as exc:
+            instruments.errors.add(1, {**attributes, "error.type": type(exc).__name__})
+            raise
+        finally:
+            instruments.duration.record(time.perf_counter() - started, attributes)
 
     def rebalanced(self, group: str, generation: int, seconds: float | None) -> None:
         attributes = {"consensus.backend": self.backend, "consensus.group": group}
@@ -184,7 +205,9 @@ class _MeasuredBackend:
             return lambda: None if (reader := attribute()) is None else _MeasuredBackend(reader, telemetry)
         if name not in OPERATIONS:
             return attribute
-        return lambda *args: self._telemetry.call(name, attribute, *args)
+        measured = functools.partial(self._telemetry.call, name, attribute)
+        self.__dict__[name] = measured  # found without ``__getattr__`` from now on
+        return measured
 
 
 class _ObservedHandler:

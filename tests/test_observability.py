@@ -178,3 +178,42 @@ class _Quiet:
 
     def on_revoked(self, resources: frozenset[str]) -> None:
         pass
+
+
+def test_spans_start_once_a_tracer_provider_is_installed(tmp_path: Path) -> None:
+    """Before the application installs a tracer provider no span is opened; a session opened then
+    traces its calls from the moment one is installed, and measures every call throughout."""
+    script = f"""
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+import consensus_api as ca
+reader, spans = InMemoryMetricReader(), InMemorySpanExporter()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+with ca.connect("sqlite:///{tmp_path / "x.db"}") as session:
+    session.storage.put("k", b"v")
+    assert session._telemetry._instruments.tracing() is False
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    trace.set_tracer_provider(provider)
+    session.storage.fetch("k")
+names = [span.name for span in spans.get_finished_spans()]
+counts = {{
+    dict(point.attributes)["consensus.operation"]: point.count
+    for resource in reader.get_metrics_data().resource_metrics
+    for scope in resource.scope_metrics
+    for metric in scope.metrics
+    if metric.name == "consensus.operation.duration"
+    for point in metric.data.data_points
+}}
+print(names, counts)
+assert names == ["consensus.fetch"], names
+assert counts == {{"put": 1, "fetch": 1}}, counts
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr + result.stdout

@@ -12,16 +12,21 @@ deadline and the auth token as metadata; grpc errors become consensus_api errors
 * A call that finds its endpoint unreachable marks it failed, so the next one
   goes to another endpoint; with several endpoints, retried calls also give up
   on an endpoint after ``FIRST_ATTEMPT`` seconds (doubling per attempt).
+* While the session is healthy, unary calls are blocking grpc calls, answered
+  on the calling thread (a future's answer crosses from grpc's polling thread:
+  ~100 µs more per call); in trouble they are futures.
 * While the session is in trouble (``set_troubled``), calls make one attempt,
-  and every transition into trouble cancels the calls in flight: nobody (the
-  core's dispatcher least of all) waits out a long deadline on a dead or
-  paused server.
+  and every transition into trouble ends the calls in flight (futures are
+  cancelled; blocking calls end with their channel, closed and replaced):
+  nobody (the core's dispatcher least of all) waits out a long deadline on a
+  dead or paused server.
 * Every call requires the member to know a leader (``REQUIRE_LEADER``): a
   member cut off from its cluster refuses at once, and the client fails over.
 * Each watch gets a channel of its own, closed when the watch is replaced.
 * An idle stream stays open on the unary calls' channel (``_warm.KeepWarm``):
   without one, grpc starts a polling thread for every call made through a
-  future, which costs more than the call itself on a loaded machine.
+  future or a stream (keep-alives, calls in trouble), which costs more than
+  the call itself on a loaded machine.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from consensus_api.errors import (
     OperationTimeoutError,
     SessionLostError,
 )
+from consensus_backends.etcd._channel import TLS, netloc, open_endpoint
 from consensus_backends.etcd._errors import (
     NOT_SENT,
     TLS_REFUSED,
@@ -60,25 +66,15 @@ from consensus_backends.etcd._warm import KeepWarm
 
 log = logging.getLogger("consensus_api.etcd")
 
-#: Seconds between attempts of a retried call, and how long a failed endpoint is skipped.
+#: Seconds between attempts of a retried call.
 RETRY_PAUSE = 0.1
-FAILED_ENDPOINT_PAUSE = 0.5
 
 #: With several endpoints, the first attempt of a retried call ends after this many seconds
 #: (then twice as long, and so on) and the next attempt goes to another endpoint.
 FIRST_ATTEMPT = 1.0
 
-#: Reconnect quickly after a server restart; detect dead connections under an idle watch
-#: (etcd refuses pings more often than every 5 s); no cap on response sizes.
-CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.max_receive_message_length", -1),
-]
+#: Seconds a call trusts the endpoint in use and its stubs without asking pyetcd again.
+RECHECK = 0.5
 
 Metadata = tuple[tuple[str, str], ...] | None
 
@@ -86,16 +82,8 @@ Metadata = tuple[tuple[str, str], ...] | None
 #: the others) refuses at once with ``no leader`` (UNAVAILABLE), and ends its watch streams, instead
 #: of letting the call wait out its deadline; the call then goes to another endpoint.
 REQUIRE_LEADER = ("hasleader", "true")
-Start = Callable[["_Stubs", float, Metadata], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class TLS:
-    """PEM contents for a TLS connection; None means the default (system roots, no client cert)."""
-
-    ca: bytes | None
-    cert: bytes | None
-    key: bytes | None
+#: Picks the grpc multi-callable of a call from the stubs of the channel in use.
+Method = Callable[["_Stubs"], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +109,10 @@ class EtcdClient:
         self._tls = tls
         self._user = user
         self._password = password
-        self._addresses = {_netloc(host, port): (host, port) for host, port in endpoints}
+        self._addresses = {netloc(host, port): (host, port) for host, port in endpoints}
         self._lock = threading.Lock()
         self._stubs: _Stubs | None = None
+        self._recheck_at = 0.0
         self._warm: KeepWarm | None = None
         self._closed = False
         self._metadata: Metadata = (REQUIRE_LEADER,)
@@ -133,7 +122,7 @@ class EtcdClient:
         self._troubles = 0
         self._in_flight: set[Any] = set()
         self._client = pyetcd.MultiEndpointEtcd3Client(
-            endpoints=[self._endpoint(host, port) for host, port in endpoints],
+            endpoints=[open_endpoint(host, port, self._tls) for host, port in endpoints],
             timeout=request_timeout,
             failover=True,
         )
@@ -149,14 +138,25 @@ class EtcdClient:
     # Calls
 
     def set_troubled(self, troubled: bool) -> None:
-        """Enter trouble (cancelling every call in flight) or leave it."""
+        """Enter trouble (ending every call in flight) or leave it.
+
+        Futures are cancelled; blocking calls end with their channel, which is
+        closed and replaced (the next call connects again)."""
+        old = None
         with self._lock:
             self._troubled = troubled
             if troubled:
                 self._troubles += 1
             cancel = list(self._in_flight) if troubled else []
+            endpoint = self._client.endpoint_in_use
+            if troubled and not self._closed and endpoint is not None:
+                host, port = self._addresses[endpoint.netloc]
+                old, endpoint.channel = endpoint.channel, open_endpoint(host, port, self._tls).channel
+                self._recheck_at = 0.0
         for call in cancel:
             call.cancel()
+        if old is not None:
+            old.close()
 
     def authenticate(self, deadline: float) -> None:
         """Get an auth token when the URL names a user; ``ConfigurationError`` if etcd refuses it."""
@@ -165,11 +165,7 @@ class EtcdClient:
         request = etcdrpc.AuthenticateRequest(name=self._user, password=self._password or "")
         try:
             response = self._call(
-                "authentication",
-                lambda s, t, _: s.auth.Authenticate.future(request, timeout=t),
-                deadline,
-                retry=True,
-                reauthenticate=False,
+                "authentication", _authenticate, request, deadline, retry=True, authenticated=False
             )
         except ConfigurationError as exc:
             if str(exc).startswith(TLS_REFUSED):
@@ -183,21 +179,16 @@ class EtcdClient:
     def range(self, request: Any, deadline: float) -> Any:
         """A RangeResponse; linearizable unless the request says otherwise. ``read_revision`` is the
         highest revision a read has returned."""
-        response = self._call(
-            "a read", lambda s, t, m: s.kv.Range.future(request, timeout=t, metadata=m), deadline, retry=True
-        )
-        with self._floor_lock:
-            self.read_revision = max(self.read_revision, int(response.header.revision))
+        response = self._call("a read", _range, request, deadline, retry=True)
+        revision = int(response.header.revision)
+        if revision > self.read_revision:
+            with self._floor_lock:
+                self.read_revision = max(self.read_revision, revision)
         return response
 
     def txn(self, request: Any, deadline: float) -> Any:
         """A TxnResponse; never sent twice."""
-        return self._call(
-            "a transaction",
-            lambda s, t, m: s.kv.Txn.future(request, timeout=t, metadata=m),
-            deadline,
-            retry=False,
-        )
+        return self._call("a transaction", _txn, request, deadline, retry=False)
 
     def revision(self, key: bytes, deadline: float) -> int:
         """The cluster's current revision, from a linearizable count of ``key`` (which the user may read)."""
@@ -207,9 +198,8 @@ class EtcdClient:
         """The server version from the Maintenance ``Status`` call of the endpoint in use."""
         response = self._call(
             "a status request",
-            lambda s, t, m: etcdrpc.MaintenanceStub(s.channel).Status.future(
-                etcdrpc.StatusRequest(), timeout=t, metadata=m
-            ),
+            lambda s: etcdrpc.MaintenanceStub(s.channel).Status,
+            etcdrpc.StatusRequest(),
             deadline,
             retry=True,
         )
@@ -218,12 +208,7 @@ class EtcdClient:
     def grant(self, ttl: int, deadline: float) -> tuple[int, int]:
         """A new lease: its id and the TTL etcd granted (at least the cluster's minimum)."""
         request = etcdrpc.LeaseGrantRequest(TTL=ttl)
-        response = self._call(
-            "a lease grant",
-            lambda s, t, m: s.lease.LeaseGrant.future(request, timeout=t, metadata=m),
-            deadline,
-            retry=True,
-        )
+        response = self._call("a lease grant", lambda s: s.lease.LeaseGrant, request, deadline, retry=True)
         if response.error:
             raise ConsensusError(f"etcd refused a lease: {response.error}")
         return int(response.ID), int(response.TTL)
@@ -232,12 +217,7 @@ class EtcdClient:
         """Revoke a lease, deleting its keys; a lease that is already gone is fine."""
         request = etcdrpc.LeaseRevokeRequest(ID=lease_id)
         with contextlib.suppress(SessionLostError):
-            self._call(
-                "a lease revoke",
-                lambda s, t, m: s.lease.LeaseRevoke.future(request, timeout=t, metadata=m),
-                deadline,
-                retry=True,
-            )
+            self._call("a lease revoke", lambda s: s.lease.LeaseRevoke, request, deadline, retry=True)
 
     def keepalive(self, lease_id: int, deadline: float) -> int:
         """One keep-alive, one attempt; the remaining TTL (0: the lease is gone)."""
@@ -254,11 +234,11 @@ class EtcdClient:
         return int(
             self._call(
                 "a lease keep-alive",
-                lambda s, t, m: s.lease.LeaseKeepAlive(iter([request]), timeout=t, metadata=m),
+                lambda s: s.lease.LeaseKeepAlive,
+                request,
                 deadline,
                 retry=False,
-                once=True,
-                finish=first_answer,
+                stream=first_answer,
             )
         )
 
@@ -282,7 +262,7 @@ class EtcdClient:
             raise OperationTimeoutError("no etcd endpoint is reachable for a watch") from None
         with self._lock:
             host, port = self._addresses[self._client.endpoint_in_use.netloc]
-        endpoint = self._endpoint(host, port)
+        endpoint = open_endpoint(host, port, self._tls)
         watcher = Watcher(
             etcdrpc.WatchStub(endpoint.channel),
             timeout=max(deadline - time.monotonic(), 0.01),
@@ -308,23 +288,14 @@ class EtcdClient:
 
     # Plumbing
 
-    def _endpoint(self, host: str, port: int) -> Any:
-        credentials = None
-        if self._tls is not None:
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=self._tls.ca, private_key=self._tls.key, certificate_chain=self._tls.cert
-            )
-        return pyetcd.Endpoint(
-            _bracketed(host),
-            port,
-            secure=self._tls is not None,
-            creds=credentials,
-            time_retry=FAILED_ENDPOINT_PAUSE,
-            opts=CHANNEL_OPTIONS,
-        )
-
     def _current_stubs(self) -> _Stubs:
+        """The stubs of the endpoint in use; the endpoint and the warm stream are checked at most
+        every ``RECHECK`` seconds, and at the next call after an endpoint failed."""
+        stubs = self._stubs
+        if stubs is not None and time.monotonic() < self._recheck_at:
+            return stubs
         with self._lock:
+            self._recheck_at = time.monotonic() + RECHECK
             channel = self._client.channel
             if self._stubs is None or self._stubs.channel is not channel:
                 self._stubs = _Stubs(
@@ -348,26 +319,31 @@ class EtcdClient:
 
     def _endpoint_failed(self) -> None:
         """Let the next call fail over to another endpoint, if there is one."""
-        if len(self._addresses) > 1:
-            with self._lock:
+        with self._lock:
+            if len(self._addresses) > 1:
                 self._client.endpoint_in_use.fail()
+            self._recheck_at = 0.0  # the next call asks pyetcd for the endpoint to use
 
     def _call(
         self,
         what: str,
-        start: Start,
+        method: Method,
+        request: Any,
         deadline: float,
         *,
         retry: bool,
-        once: bool = False,
-        finish: Callable[[Any], Any] = lambda call: call.result(),
-        reauthenticate: bool = True,
+        stream: Callable[[Any], Any] | None = None,
+        authenticated: bool = True,
     ) -> Any:
-        """Start calls until one succeeds or fails for good; ``finish`` waits for its result.
+        """Send ``request`` until an attempt succeeds or fails for good.
 
-        ``retry``: the call is harmless to repeat. ``once``: a single attempt.
+        ``retry``: the call is harmless to repeat. ``stream``: the method is a
+        streaming call (``request`` its only message) that gets a single
+        attempt, and ``stream(call)`` waits for its answer. ``authenticated``: the call carries the auth token
+        (and is sent again once with a new one if etcd says it expired).
         """
         attempt = FIRST_ATTEMPT
+        reauthenticate = authenticated
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -375,16 +351,25 @@ class EtcdClient:
             try:
                 stubs = self._current_stubs()
             except (NoServerAvailableError, ValueError):  # every endpoint failed a moment ago
-                if once or self._troubled:
+                if stream is not None or self._troubled:
                     raise OperationTimeoutError(f"no etcd endpoint is reachable for {what}") from None
                 time.sleep(min(RETRY_PAUSE, remaining))
                 continue
             timeout = min(remaining, attempt) if retry and len(self._addresses) > 1 else remaining
+            metadata = self._metadata if authenticated else None
             try:
                 troubles = self._troubles
-                return self._await(start(stubs, timeout, self._metadata), finish, troubles)
-            except ValueError:  # grpc refuses calls on a closed channel
-                raise SessionLostError("the etcd connection is closed") from None
+                if stream is None and not self._troubled:  # answered on this thread
+                    return method(stubs)(request, timeout=timeout, metadata=metadata)
+                if stream is not None:
+                    call = method(stubs)(iter([request]), timeout=timeout, metadata=metadata)
+                    return self._await(call, stream, troubles)
+                call = method(stubs).future(request, timeout=timeout, metadata=metadata)
+                return self._await(call, _result, troubles)
+            except ValueError:  # grpc refuses calls on a closed channel: closed by us, or replaced
+                if self._closed:
+                    raise SessionLostError("the etcd connection is closed") from None
+                raise interrupted(what) from None
             except grpc.FutureCancelledError:
                 raise interrupted(what) from None
             except grpc.RpcError as exc:
@@ -402,7 +387,7 @@ class EtcdClient:
                 self._endpoint_failed()
                 unsent = code is Code.UNAVAILABLE and NOT_SENT in (exc.details() or "")
                 again = unsent or (retry and (code is Code.UNAVAILABLE or timeout < remaining))
-                if not again or once or self._troubled:
+                if not again or stream is not None or self._troubled:
                     if unsent:
                         raise OperationTimeoutError(f"etcd is unreachable; {what} was not sent") from None
                     raise translate(exc, what) from None
@@ -422,9 +407,17 @@ class EtcdClient:
                 self._in_flight.discard(call)
 
 
-def _netloc(host: str, port: int) -> str:
-    return f"{_bracketed(host)}:{port}"
+def _authenticate(stubs: _Stubs) -> Any:
+    return stubs.auth.Authenticate
 
 
-def _bracketed(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
+def _range(stubs: _Stubs) -> Any:
+    return stubs.kv.Range
+
+
+def _txn(stubs: _Stubs) -> Any:
+    return stubs.kv.Txn
+
+
+def _result(call: Any) -> Any:
+    return call.result()

@@ -19,6 +19,7 @@ from typing import Any
 
 from pyetcd import etcdrpc
 
+from consensus_api.errors import FencedError
 from consensus_api.model import Leadership
 from consensus_backends.etcd._layout import Layout, prefix_end
 
@@ -105,3 +106,27 @@ def fence_held(layout: Layout, fence: Leadership, response: Any) -> bool:
         and kvs[0].key == layout.candidate(fence.service, fence.leader_id)
         and (kvs[0].create_revision == fence.term)
     )
+
+
+class FenceRequests:
+    """``fence_compares`` and ``fence_read`` of recent fences, built once per fence: a leader writes
+    with the same fence many times, and the messages are copied into each request, never changed."""
+
+    #: Fences kept (all are dropped when more come).
+    KEPT = 64
+
+    def __init__(self, layout: Layout) -> None:
+        self._layout = layout
+        self._kept: dict[Leadership, tuple[list[Any], Any]] = {}
+
+    def get(self, fence: Leadership) -> tuple[list[Any], Any]:
+        """The compares and the failure-branch read of ``fence``; ``FencedError`` for a term below 1."""
+        requests = self._kept.get(fence)
+        if requests is None:
+            if fence.term < 1:
+                raise FencedError(f"term {fence.term} of {fence.service!r} was never current")
+            requests = fence_compares(self._layout, fence), fence_read(self._layout, fence)
+            if len(self._kept) >= self.KEPT:
+                self._kept.clear()
+            self._kept[fence] = requests
+        return requests

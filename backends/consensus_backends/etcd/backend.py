@@ -49,7 +49,8 @@ from consensus_api.keys import join_key
 from consensus_api.model import Leadership, SessionState, Versioned
 from consensus_backends.etcd import _requests as rq
 from consensus_backends.etcd._changes import ChangeReader
-from consensus_backends.etcd._client import TLS, EtcdClient
+from consensus_backends.etcd._channel import TLS
+from consensus_backends.etcd._client import EtcdClient
 from consensus_backends.etcd._errors import CompactedError
 from consensus_backends.etcd._layout import Layout, prefix_end
 from consensus_backends.etcd._lease import LeaseKeeper
@@ -84,6 +85,7 @@ class EtcdBackend(Backend):
         self._layout = Layout.from_path(url.path)
         self._lock = threading.Lock()
         self._owned: set[bytes] = set()
+        self._fence_requests = rq.FenceRequests(self._layout)
         self._closed = False
 
     @property
@@ -150,9 +152,9 @@ class EtcdBackend(Backend):
     def fetch(self, key: str) -> Versioned | None:
         """The value and ``mod_revision`` of ``key`` (a linearizable read)."""
         response = self._client.range(etcdrpc.RangeRequest(key=self._layout.key(key)), self._deadline())
-        if not response.kvs:
-            return None
-        return Versioned(bytes(response.kvs[0].value), int(response.kvs[0].mod_revision))
+        for kv in response.kvs:  # one at most
+            return Versioned(bytes(kv.value), int(kv.mod_revision))
+        return None
 
     def put(self, key: str, value: bytes, fence: Leadership | None) -> int:
         """Create ``key`` if ``create_revision == 0``; the new version is the transaction's revision."""
@@ -343,10 +345,9 @@ class EtcdBackend(Backend):
     ) -> Any:
         """Run a conditional write; ``FencedError`` if ``fence`` is not the current leadership."""
         if fence is not None:
-            if fence.term < 1:
-                raise FencedError(f"term {fence.term} of {fence.service!r} was never current")
-            compare = compare + rq.fence_compares(self._layout, fence)
-            failure = [*failure, rq.fence_read(self._layout, fence)]
+            fence_compares, fence_read = self._fence_requests.get(fence)
+            compare = compare + fence_compares
+            failure = [*failure, fence_read]
         response = self._client.txn(rq.txn(compare, success, failure), self._deadline())
         if (
             not response.succeeded

@@ -16,7 +16,8 @@ from typing import Any
 
 from consensus_api.config import BackendURL
 from consensus_api.conformance.profile import TestProfile, moved_to_free_port
-from consensus_backends.etcd._client import TLS, EtcdClient
+from consensus_backends.etcd._channel import TLS
+from consensus_backends.etcd._client import EtcdClient
 
 #: The TLS file options, in the order of ``TLS``'s fields.
 TLS_FILES = ("tls_ca", "tls_cert", "tls_key")
