@@ -31,7 +31,6 @@ WORKLOADS = {
     "op.keys",
     "aio.fetch",
     "aio.put",
-    "aio.fetch.inline",
     "propagation.value",
     "membership.join",
     "failover.2s",
