@@ -19,6 +19,7 @@ import sqlalchemy
 
 import consensus_api as ca
 from consensus_api import MembershipChanged, OperationTimeoutError, ValueChanged, registry
+from consensus_api.backend import WouldBlock
 from consensus_api.config import Options, Security, parse_url
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.conformance.worker import WorkerProcess
@@ -306,6 +307,8 @@ def test_sqlite_file_deleted_or_replaced_loses_the_session(tmp_path: Path, how: 
             lost = states.wait_index(lambda state: state is ca.SessionState.LOST, timeout / 3 + 2)
             with pytest.raises((ca.FencedError, ca.SessionLostError)):
                 old.storage.put("k", b"by a", fence=old_fence)
+            with pytest.raises((ca.FencedError, ca.SessionLostError, WouldBlock)):
+                old.storage.put_nowait("k", b"by a", fence=old_fence)  # nor through its held connection
             assert new.storage.put("k", b"by b", fence=new_fence) > 0
             states.wait_for(lambda state: state is ca.SessionState.CONNECTED, timeout + 2, since=lost + 1)
             wait_until(lambda: new.election("svc").leadership() == new_fence, 5, what="b still leads")
@@ -313,6 +316,8 @@ def test_sqlite_file_deleted_or_replaced_loses_the_session(tmp_path: Path, how: 
             assert old.storage.fetch_nowait("k") == new.storage.fetch("k")  # its held connection too
             with pytest.raises(ca.FencedError):
                 old.storage.put("k2", b"by a", fence=old_fence)
+            with pytest.raises(ca.FencedError):
+                old.storage.put_nowait("k2", b"by a", fence=old_fence)
 
 
 def test_sqlite_sessions_keep_their_leases_under_write_load(tmp_path: Path) -> None:
