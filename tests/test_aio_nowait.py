@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,23 @@ from consensus_api.backend import WouldBlock
 
 #: Far below request_timeout (the busy timeout of an ordinary call): a read that waited would take it.
 NO_WAIT = 0.5
+
+
+@contextlib.asynccontextmanager
+async def counting_turns(pause: float) -> AsyncIterator[list[int]]:
+    """``[turns]``: how often another task got the loop (it counts, then sleeps ``pause``)."""
+    turns = [0]
+
+    async def other() -> None:
+        while True:
+            turns[0] += 1
+            await asyncio.sleep(pause)
+
+    running = asyncio.create_task(other())
+    try:
+        yield turns
+    finally:
+        running.cancel()
 
 
 def test_nowait_reads_match_the_ordinary_ones_and_do_not_wait_for_a_writer(tmp_path: Path) -> None:
@@ -80,24 +99,15 @@ def test_a_task_reading_in_a_loop_lets_the_other_tasks_run(tmp_path: Path) -> No
     async def main() -> None:
         async with aio.connect(f"sqlite:///{tmp_path / 'hold.db'}") as session:
             await session.storage.put("app/k", b"v")
-            turns = 0
-
-            async def other() -> None:
-                nonlocal turns
-                while True:
-                    turns += 1
-                    await asyncio.sleep(0)
-
-            running = asyncio.create_task(other())
-            await asyncio.sleep(0)
-            before, began = turns, time.monotonic()
-            reads = 0
-            while time.monotonic() - began < 0.2:  # awaits nothing but inline reads
-                await session.storage.fetch("app/k")
-                reads += 1
-            assert reads > 0
-            assert turns - before >= 10  # at least one turn per INLINE_HOLD (5 ms) of reads
-            running.cancel()
+            async with counting_turns(0) as turns:
+                await asyncio.sleep(0)
+                before, began = turns[0], time.monotonic()
+                reads = 0
+                while time.monotonic() - began < 0.2:  # awaits nothing but inline reads
+                    await session.storage.fetch("app/k")
+                    reads += 1
+                assert reads > 0
+                assert turns[0] - before >= 10  # at least one turn per INLINE_HOLD (5 ms) of reads
 
     asyncio.run(main())
 
@@ -163,21 +173,12 @@ def test_inline_writes_run_on_the_loop_and_wait_on_a_worker(tmp_path: Path) -> N
             assert threads == {loop_thread}
             writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             writer.execute("BEGIN IMMEDIATE")
-            turns = 0
-
-            async def other() -> None:
-                nonlocal turns
-                while True:
-                    turns += 1
-                    await asyncio.sleep(0.01)
-
-            running = asyncio.create_task(other())
-            asyncio.get_running_loop().call_later(0.5, writer.execute, "ROLLBACK")
-            began = time.monotonic()
-            second = await session.storage.put("app/b", b"2")
-            assert 0.4 < time.monotonic() - began < 4  # it waited for the lock, on a worker
-            assert turns >= 20  # the loop ran meanwhile
-            running.cancel()
+            async with counting_turns(0.01) as turns:
+                asyncio.get_running_loop().call_later(0.5, writer.execute, "ROLLBACK")
+                began = time.monotonic()
+                second = await session.storage.put("app/b", b"2")
+                assert 0.4 < time.monotonic() - began < 4  # it waited for the lock, on a worker
+                assert turns[0] >= 20  # the loop ran meanwhile
             writer.close()
             assert await session.storage.fetch("app/a") == ca.Versioned(b"1", first)
             assert await session.storage.fetch("app/b") == ca.Versioned(b"2", second)

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import consensus_api as ca
+from consensus_api.conformance.helpers import EventLog
 from consensus_api.testing import ServerHandle
 from consensus_backends.zookeeper import ZooKeeperBackend
 from consensus_backends.zookeeper.paths import encode_name
@@ -46,26 +47,18 @@ def _settle(session: ca.Session) -> None:
 def test_membership_rereads_start_from_the_rearm(zookeeper_server: ServerHandle) -> None:
     url = f"{zookeeper_server.url}/zk-reread-{uuid.uuid4().hex[:8]}"
     with ca.connect(url) as watcher, ca.connect(url) as joiner:
-        seen: list[frozenset[str]] = []
-        arrived = threading.Condition()
-
-        def on(event: ca.MembershipChanged) -> None:
-            with arrived:
-                seen.append(frozenset(event.members))
-                arrived.notify_all()
-
+        log = EventLog[ca.MembershipChanged]("memberships")
         joiner.group("g").join("m0", b"data 0")  # the group's znodes exist from here on
-        watcher.group("g").add_listener(on)
-        with arrived:
-            assert arrived.wait_for(lambda: bool(seen), TIMEOUT)  # the first event: a linearizable read
+        watcher.group("g").add_listener(log)
+        log.wait_count(1, TIMEOUT)  # the first event: a linearizable read
         _settle(watcher)
         listings = ListingCount(_backend(watcher)._connection.client)
         for number in range(1, 10):
             joiner.group("g").join(f"m{number}", f"data {number}".encode())
-            with arrived:
-                assert arrived.wait_for(lambda: f"m{number}" in seen[-1], TIMEOUT), seen  # noqa: B023
+            log.wait_last(lambda event: f"m{number}" in event.members, TIMEOUT)  # noqa: B023
             _settle(watcher)
         assert listings.calls == 0  # every re-read's listing was the re-arm's reply
+        seen = [frozenset(event.members) for event in log.events]
         assert all(earlier <= later for earlier, later in itertools.pairwise(seen)), seen
         assert watcher.group("g").membership() == {f"m{n}": f"data {n}".encode() for n in range(10)}
 
@@ -73,15 +66,8 @@ def test_membership_rereads_start_from_the_rearm(zookeeper_server: ServerHandle)
 def test_a_rearm_older_than_a_returned_membership_is_not_returned(zookeeper_server: ServerHandle) -> None:
     url = f"{zookeeper_server.url}/zk-reread-{uuid.uuid4().hex[:8]}"
     with ca.connect(url) as watcher, ca.connect(url) as joiner:
-        seen: list[frozenset[str]] = []
-        arrived = threading.Condition()
-
-        def on(event: ca.MembershipChanged) -> None:
-            with arrived:
-                seen.append(frozenset(event.members))
-                arrived.notify_all()
-
-        watcher.group("g").add_listener(on)
+        log = EventLog[ca.MembershipChanged]("memberships")
+        watcher.group("g").add_listener(log)
         backend = _backend(watcher)
         groups, client = backend._groups, backend._connection.client
         joiner.group("g").join("a", b"1")
@@ -89,8 +75,8 @@ def test_a_rearm_older_than_a_returned_membership_is_not_returned(zookeeper_serv
         stale = client.get_children_async(members, include_data=True)
         assert stale.get(TIMEOUT)[0] == [encode_name("a")]
         joiner.group("g").join("b", b"2")
-        with arrived:  # the listener's own re-reads are done: no re-arm is pending
-            assert arrived.wait_for(lambda: bool(seen) and seen[-1] == {"a", "b"}, TIMEOUT), seen
+        # the listener's own re-reads are done: no re-arm is pending
+        log.wait_last(lambda event: set(event.members) == {"a", "b"}, TIMEOUT)
         _settle(watcher)
         assert backend.membership("g") == {"a": b"1", "b": b"2"}  # linearizable: newer than ``stale``
 
