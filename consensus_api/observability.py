@@ -197,17 +197,30 @@ class _MeasuredBackend:
     def __init__(self, backend: Backend | Reader | Writer, telemetry: SessionTelemetry) -> None:
         self._backend = backend
         self._telemetry = telemetry
+        #: The measured views of the nowait reader and writer, by identity: made once, not per call.
+        self._views: dict[int, _MeasuredBackend] = {}
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._backend, name)
         if name in ("nowait_reader", "nowait_writer"):  # their calls are measured like the backend's own
-            telemetry = self._telemetry
-            return lambda: None if (reader := attribute()) is None else _MeasuredBackend(reader, telemetry)
+            measured_view = functools.partial(self._view, attribute)
+            self.__dict__[name] = measured_view
+            return measured_view
         if name not in OPERATIONS:
             return attribute
         measured = functools.partial(self._telemetry.call, name, attribute)
         self.__dict__[name] = measured  # found without ``__getattr__`` from now on
         return measured
+
+    def _view(self, get: Callable[[], Reader | Writer | None]) -> _MeasuredBackend | None:
+        """What ``get()`` returns, measured; the same view for the same object."""
+        inner = get()
+        if inner is None:
+            return None
+        view = self._views.get(id(inner))
+        if view is None:
+            view = self._views[id(inner)] = _MeasuredBackend(inner, self._telemetry)
+        return view
 
 
 class _ObservedHandler:
