@@ -5,6 +5,11 @@ chunks of 10 whose order flips every round, on one event loop; the aio side is a
 second session on the same URL, opened with the defaults (reads inline on the
 loop where the backend answers them without waiting: SQLite; every other call
 on a worker thread). Target: aio/sync p50 <= 1.15.
+
+The fetch row also carries the raw client's own asyncio read against its
+blocking read, interleaved the same way in the same run (``raw_async_ratio``,
+``benchmarks.raw_async``), where the client has an asyncio API: the least an
+awaited call of that client costs here.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from benchmarks.core import Plan, Row, ms, ratio, within
+from benchmarks.raw_async import open_raw_async
 from consensus_api import Session, aio
 
 VALUE = b"v" * 100
@@ -30,6 +36,7 @@ def run(session: Session, url: str, plan: Plan, run_id: str) -> list[Row]:
 
 async def _rows(session: Session, url: str, plan: Plan, base: str) -> list[Row]:
     rows = []
+    raw_async = await _raw_async_floor(url, base, plan)
     async with aio.connect(url) as async_session:
         await async_session.storage.put(f"{base}/fetch", VALUE)
         for op in OPS:
@@ -38,6 +45,7 @@ async def _rows(session: Session, url: str, plan: Plan, base: str) -> list[Row]:
             sync_times, async_times = await _interleaved(sync_call, async_call, plan.op_samples)
             ours, baseline = ms(async_times, 50), ms(sync_times, 50)
             row_ratio = ratio(ours, baseline)
+            floor = raw_async if op == "fetch" else None
             rows.append(
                 Row(
                     f"aio.{op}",
@@ -49,10 +57,32 @@ async def _rows(session: Session, url: str, plan: Plan, base: str) -> list[Row]:
                     row_ratio,
                     f"aio/sync p50 <= {TARGET:.2f}",
                     within(row_ratio, TARGET),
-                    extra={"samples": plan.op_samples},
+                    note=floor[0] if floor else None,
+                    extra={"samples": plan.op_samples, **(floor[1] if floor else {})},
                 )
             )
     return rows
+
+
+async def _raw_async_floor(url: str, base: str, plan: Plan) -> tuple[str, dict[str, object]] | None:
+    """The raw client's asyncio read against its blocking read (a note and extra fields), if it has one."""
+    raw = await open_raw_async(url, base.replace("/", "-"))
+    if raw is None:
+        return None
+    try:
+        sync_call, async_call = (lambda i: raw.read()), (lambda i: raw.read_async())
+        await _interleaved(sync_call, async_call, 20)  # warm-up
+        blocking, awaited = await _interleaved(sync_call, async_call, plan.op_samples)
+    finally:
+        await raw.close()
+    floor = ratio(ms(awaited, 50), ms(blocking, 50))
+    fields: dict[str, object] = {
+        "raw_async": raw.name,
+        "raw_async_p50_ms": ms(awaited, 50),
+        "raw_blocking_p50_ms": ms(blocking, 50),
+        "raw_async_ratio": floor,
+    }
+    return f"{raw.name} read / blocking read p50 in this run: {floor}", fields
 
 
 def _calls(
