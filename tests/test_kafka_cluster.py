@@ -15,6 +15,7 @@ CHECK = """\
 import json, os, time
 from pathlib import Path
 from kafka.admin import KafkaAdminClient, NewTopic
+from consensus_api.conformance.helpers import wait_until
 from consensus_api.testing.cluster import ClusterHandle
 from consensus_api.testing.proxy import ProxyGroup
 cluster = ClusterHandle.attach(Path(os.environ['CONSENSUS_CONTROL']))
@@ -22,7 +23,11 @@ assert os.environ['CONSENSUS_URL'] == cluster.url and cluster.url.count(',') == 
 admin = KafkaAdminClient(bootstrap_servers=cluster.url.split('//')[1].split(','))
 assert len(admin.describe_cluster()['brokers']) == 3
 admin.create_topics([NewTopic('t', 1, -1)])
-[topic] = admin.describe_topics(['t'])
+def described():  # a broker may answer before the new topic's partitions reach its metadata
+    [topic] = admin.describe_topics(['t'])
+    return topic if topic['partitions'] else None
+topic = wait_until(described, 30, what="topic t has its partition",
+                   observe=lambda: admin.describe_topics(['t']))
 assert len(topic['partitions'][0]['replica_nodes']) == 3, topic
 admin.close()
 with ProxyGroup(cluster.fronts) as group:  # through node 1's proxy, every broker is at its proxy
