@@ -196,7 +196,7 @@ class EtcdBackend(Backend):
 
     def change_reader(self) -> Reader:
         """A value's re-read from its latest watch event where that is provably current (``_changes``)."""
-        return ChangeReader(self, self._client, self._watch)
+        return ChangeReader(self._storage, self._leased, self._client, self._watch)
 
     def server_version(self) -> str | None:
         """The version the etcd member reports in its status (None if it does not answer in time)."""
