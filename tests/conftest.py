@@ -11,7 +11,7 @@ from migrate_support import hosts
 
 from consensus_api.testing import ServerHandle
 
-pytest_plugins = ["consensus_api.testing.pytest_plugin"]
+pytest_plugins = ["consensus_api.testing.pytest_plugin", "zookeeper_support"]
 
 
 @pytest.fixture(scope="module")
