@@ -26,6 +26,7 @@ stdout, commands lines on stdin; the child exits on its own after
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -133,7 +134,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the exit code is 0 when it completed."""
     args = _parser().parse_args(argv)
-    url, options = child_start(args)
+    options = child_start(args)
+    url = os.environ.get("CONSENSUS_URL", "") if args.url == "-" else args.url
     try:
         session: Session = connect(url, **options)
     except ConsensusError as exc:

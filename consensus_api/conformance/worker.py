@@ -343,7 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one worker command; the exit code is 0 when it completed."""
     args = _parser().parse_args(argv)
     deadline = time.monotonic() + args.lifetime
-    url, options = child_start(args, grace=5)
+    options = child_start(args, grace=5)
+    url = os.environ.get("CONSENSUS_URL", "") if args.url == "-" else args.url
     commands = _Commands(deadline)
     if args.command == "sqlite-lock":
         return _run_sqlite_lock(url, commands, args.hold, args.wipe)
