@@ -57,14 +57,8 @@ def _unreachable(url: str, samples: int) -> Row:
             seconds.append(time.monotonic() - started)
         else:
             return Row("detection.unreachable", None, None, note="connected to a port nobody serves")
-    p99 = ms(seconds, 99)
-    return Row(
-        "detection.unreachable",
-        ms(seconds, 50),
-        p99,
-        target=f"p99 <= {UNREACHABLE_TARGET_S:g} s (connect_timeout {CONNECT_TIMEOUT:g} s)",
-        holds=within(p99, UNREACHABLE_TARGET_S * 1000),
-        extra={"samples": len(seconds)},
+    return _row(
+        "detection.unreachable", seconds, UNREACHABLE_TARGET_S, f"(connect_timeout {CONNECT_TIMEOUT:g} s)"
     )
 
 
@@ -83,13 +77,18 @@ def _close(url: str, run: str, samples: int) -> Row:
                     return Row("detection.close", None, None, note="a closed member stayed for 30 s")
                 time.sleep(0.005)
             seconds.append(time.monotonic() - started)
+    return _row("detection.close", seconds, CLOSE_TARGET_S)
+
+
+def _row(name: str, seconds: list[float], target_s: float, note: str = "") -> Row:
+    """p50 and p99 of ``seconds``, held against the target ``p99 <= target_s``."""
     p99 = ms(seconds, 99)
     return Row(
-        "detection.close",
+        name,
         ms(seconds, 50),
         p99,
-        target=f"p99 <= {CLOSE_TARGET_S:g} s",
-        holds=within(p99, CLOSE_TARGET_S * 1000),
+        target=f"p99 <= {target_s:g} s {note}".rstrip(),
+        holds=within(p99, target_s * 1000),
         extra={"samples": len(seconds)},
     )
 

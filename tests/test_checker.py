@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -347,17 +347,7 @@ def test_indeterminate_write_may_take_effect_or_not() -> None:
     assert both.verdict == wgl.ILLEGAL
 
 
-# The Spark engine: one session for the module (start-up costs 5-9 s).
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    from consensus_api.checker.spark import spark_session  # noqa: PLC0415
-
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
+# The Spark engine (one session for the module: the ``spark`` fixture of conftest.py).
 
 
 def test_spark_engine_reaches_the_local_verdicts(tmp_path: Path, spark: Any) -> None:

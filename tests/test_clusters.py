@@ -4,18 +4,14 @@ file, `consensus servers run --nodes` and the ``cluster`` marker of the test pro
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 from click.testing import CliRunner
+from cluster_support import FAILOVER, is_zombie, run_under_servers
 from kazoo.client import KazooClient
 
 from consensus_api.cli import cli
@@ -28,40 +24,11 @@ from consensus_api.testing.cluster import ClusterHandle, link_name, links_of
 from consensus_api.testing.links import Links
 
 
-@pytest.fixture
-def echo() -> Iterator[int]:
-    """A TCP echo server on loopback; its port."""
-    server = socket.create_server((HOST, 0))
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                connection, _ = server.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=_echo, args=(connection,), daemon=True).start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join(2)
-    server.close()
-
-
-def _echo(connection: socket.socket) -> None:
-    with connection:
-        while data := connection.recv(4096):
-            connection.sendall(data)
-
-
-def test_links_stall_and_heal_by_name_from_another_handle(echo: int, tmp_path: Path) -> None:
+def test_links_stall_and_heal_by_name_from_another_handle(echo_port: int, tmp_path: Path) -> None:
     """A stalled link forwards nothing (its connection stays open); healed, the bytes arrive; a handle
     attached from ``describe()`` controls the same process; unknown names are refused before any I/O."""
     listen = free_port()
-    links = Links.start(tmp_path / "links", {link_name(1, 2, "quorum"): (listen, echo)})
+    links = Links.start(tmp_path / "links", {link_name(1, 2, "quorum"): (listen, echo_port)})
     try:
         other = Links.attach(json.loads(json.dumps(links.describe())))
         with socket.create_connection((HOST, listen), timeout=5) as client:
@@ -80,14 +47,7 @@ def test_links_stall_and_heal_by_name_from_another_handle(echo: int, tmp_path: P
     finally:
         links.stop()
     assert links.pid is not None
-    assert _zombie(links.pid)
-
-
-def _zombie(pid: int | None) -> bool:
-    try:
-        return pid is not None and psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    assert is_zombie(links.pid)
 
 
 def test_links_of_picks_the_links_of_one_node() -> None:
@@ -131,37 +91,18 @@ def test_zookeeper_ensemble_under_servers_run(tmp_path: Path) -> None:
     """``consensus servers run zookeeper --nodes 3``: the URL names three nodes, the control file each
     node; a process attached to it finds the leader, kills it and restarts it; the others elect a new
     leader in a higher epoch; a write through one node is read through another; nothing is left."""
-    script = tmp_path / "check.py"
-    script.write_text(
-        "import json, os, sys\n"
-        "from pathlib import Path\n"
+    run_under_servers(
+        tmp_path,
+        "zookeeper",
         "from kazoo.client import KazooClient\n"
-        "from consensus_api.testing.cluster import ClusterHandle\n"
-        "cluster = ClusterHandle.attach(Path(os.environ['CONSENSUS_CONTROL']))\n"
-        "assert os.environ['CONSENSUS_URL'] == cluster.url and cluster.url.count(',') == 2, cluster.url\n"
-        "leader = cluster.wait_leader(30)\n"
-        "epoch = cluster.status(leader).term\n"
-        "cluster.kill(leader)\n"
-        "new = cluster.wait_leader(30, among=[n for n in cluster.ids if n != leader])\n"
-        "cluster.restart(60, node=leader)\n"
-        "assert cluster.status(new).term > epoch, (cluster.status(new), epoch)\n"
-        "a, b = (KazooClient(hosts=cluster.node_url(n).split('//')[1]) for n in (leader, new))\n"
+        + FAILOVER
+        + "a, b = (KazooClient(hosts=cluster.node_url(n).split('//')[1]) for n in (leader, new))\n"
         "a.start(10); b.start(10)\n"
         "a.create('/x', b'1'); b.sync('/x')\n"
         "assert b.get('/x')[0] == b'1'\n"
-        "a.stop(); b.stop()\n"
-        "print(json.dumps({'pids': [h.pid for h in cluster.nodes] + [cluster.links.pid],"
-        " 'dir': str(cluster.directory)}))\n"
+        "a.stop(); b.stop()\n",
+        timeout=240,
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "consensus_api.cli", "servers", "run", "zookeeper", "--nodes", "3", "--",
-         sys.executable, str(script)],
-        capture_output=True, text=True, timeout=240, env={**os.environ}, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    left = json.loads(result.stdout.strip().splitlines()[-1])
-    assert not [pid for pid in left["pids"] if psutil.pid_exists(pid) and not _zombie(pid)]
-    assert not Path(left["dir"]).exists()
 
 
 def test_cluster_handle_pins_sessions_and_isolates_a_node(zookeeper_cluster: ClusterHandle) -> None:

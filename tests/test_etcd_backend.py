@@ -26,7 +26,7 @@ from consensus_api.testing import ServerHandle, start_server
 from consensus_api.testing._host import HOST
 from consensus_api.testing.proxy import TcpProxy
 from consensus_backends.etcd import EtcdBackend
-from consensus_backends.etcd import backend as etcd_backend
+from consensus_backends.etcd import _storage as etcd_storage
 from consensus_backends.etcd._layout import Layout
 
 LOST, SUSPENDED, CONNECTED = ca.SessionState.LOST, ca.SessionState.SUSPENDED, ca.SessionState.CONNECTED
@@ -130,7 +130,7 @@ def test_versions_increase_across_update_delete_and_recreate(server: ServerHandl
 def test_keys_pages_skip_deep_subtrees(
     server: ServerHandle, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(etcd_backend, "PAGE_SIZE", 2)
+    monkeypatch.setattr(etcd_storage, "PAGE_SIZE", 2)
     with ca.connect(server.url + prefix) as session:
         names = ["a", "a-b", "a.c", "b", "c", "d", "z"]
         deep = ["a/x", "a/y/z", "b/1", "b/2", "b/3", "b/4", "b/5", "c0/q", "zz/top"]

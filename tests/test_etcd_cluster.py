@@ -4,16 +4,12 @@ leader from the Maintenance Status call, a session failing over between the URL'
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psutil
 import pytest
+from cluster_support import FAILOVER, run_under_servers
 
 import consensus_api
 from consensus_api.testing import start_cluster
@@ -103,31 +99,9 @@ def test_etcd_cluster_under_servers_run(tmp_path: Path) -> None:
     """``consensus servers run etcd --nodes 3``: the URL names three members, a process attached to the
     control file kills the leader, the others elect one in a higher term, the old one rejoins as a
     follower; nothing is left running afterwards."""
-    script = tmp_path / "check.py"
-    script.write_text(
-        "import json, os\n"
-        "from pathlib import Path\n"
-        "from consensus_api.testing.cluster import ClusterHandle\n"
-        "cluster = ClusterHandle.attach(Path(os.environ['CONSENSUS_CONTROL']))\n"
-        "assert os.environ['CONSENSUS_URL'] == cluster.url and cluster.url.count(',') == 2, cluster.url\n"
-        "leader = cluster.wait_leader(30)\n"
-        "term = cluster.status(leader).term\n"
-        "cluster.kill(leader)\n"
-        "new = cluster.wait_leader(30, among=[n for n in cluster.ids if n != leader])\n"
-        "cluster.restart(60, node=leader)\n"
-        "assert cluster.status(new).term > term, (cluster.status(new), term)\n"
-        "assert cluster.status(leader).role == 'follower', cluster.status(leader)\n"
-        "print(json.dumps({'pids': [h.pid for h in cluster.nodes] + [cluster.links.pid],"
-        " 'dir': str(cluster.directory)}))\n"
+    run_under_servers(
+        tmp_path,
+        "etcd",
+        FAILOVER + "assert cluster.status(leader).role == 'follower', cluster.status(leader)\n",
+        timeout=240,
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "consensus_api.cli", "servers", "run", "etcd", "--nodes", "3", "--",
-         sys.executable, str(script)],
-        capture_output=True, text=True, timeout=240, env={**os.environ}, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    left = json.loads(result.stdout.strip().splitlines()[-1])
-    assert not [
-        pid for pid in left["pids"] if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
-    ]
-    assert not Path(left["dir"]).exists()

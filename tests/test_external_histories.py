@@ -7,7 +7,6 @@ Every file in tests/data/external-histories is checked with both engines and mus
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +41,6 @@ def linearizable(subset: str, engine: str, session: Any = None) -> dict[str, boo
 def test_every_file_gets_its_published_verdict_locally(subset: str) -> None:
     assert len(EXPECTED[subset]) == len(list((DATA / subset).iterdir()))
     assert linearizable(subset, "local") == EXPECTED[subset]
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    from consensus_api.checker.spark import spark_session  # noqa: PLC0415
-
-    session = spark_session("local[2]")
-    yield session
-    session.stop()
 
 
 def test_spark_engine_gets_the_same_verdicts(spark: Any) -> None:

@@ -28,36 +28,6 @@ from consensus_api.testing.netns import NetworkNamespace, why_unavailable
 from consensus_api.testing.proxy import TcpProxy
 
 
-@pytest.fixture
-def echo_port() -> Iterator[int]:
-    """A loopback echo server: every connection gets back what it sends."""
-    listener = socket.create_server((HOST, 0))
-    listener.settimeout(0.1)
-    done = threading.Event()
-
-    def serve(conn: socket.socket) -> None:
-        with conn:
-            while data := conn.recv(4096):
-                conn.sendall(data)
-
-    def accept() -> None:
-        while not done.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1]
-    done.set()
-    thread.join(2)
-    listener.close()
-
-
 def _roundtrip(sock: socket.socket, payload: bytes, timeout: float = 2.0) -> bytes:
     sock.settimeout(timeout)
     sock.sendall(payload)

@@ -3,26 +3,23 @@ kafka --nodes 3``, against real brokers."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import psutil
+from cluster_support import FAILOVER, run_under_servers
 
-CHECK = """\
-import json, os, time
-from pathlib import Path
+#: Brokers, a topic with 3 replicas by default, and the brokers as a client sees them through a proxy.
+TOPIC = """\
 from kafka.admin import KafkaAdminClient, NewTopic
-from consensus_api.testing.cluster import ClusterHandle
+from consensus_api.conformance.helpers import wait_until
 from consensus_api.testing.proxy import ProxyGroup
-cluster = ClusterHandle.attach(Path(os.environ['CONSENSUS_CONTROL']))
-assert os.environ['CONSENSUS_URL'] == cluster.url and cluster.url.count(',') == 2, cluster.url
 admin = KafkaAdminClient(bootstrap_servers=cluster.url.split('//')[1].split(','))
 assert len(admin.describe_cluster()['brokers']) == 3
 admin.create_topics([NewTopic('t', 1, -1)])
-[topic] = admin.describe_topics(['t'])
+def described():  # a broker may answer before the new topic's partitions reach its metadata
+    [topic] = admin.describe_topics(['t'])
+    return topic if topic['partitions'] else None
+topic = wait_until(described, 30, what="topic t has its partition",
+                   observe=lambda: admin.describe_topics(['t']))
 assert len(topic['partitions'][0]['replica_nodes']) == 3, topic
 admin.close()
 with ProxyGroup(cluster.fronts) as group:  # through node 1's proxy, every broker is at its proxy
@@ -30,20 +27,17 @@ with ProxyGroup(cluster.fronts) as group:  # through node 1's proxy, every broke
     ports = sorted(b['port'] for b in admin.describe_cluster()['brokers'])
     admin.close()
     assert len(group.proxies) == 3 and ports == sorted(p.port for p in group.proxies), (ports, group)
-leader = cluster.wait_leader(30)
-epoch = cluster.status(leader).term
-cluster.kill(leader)
-new = cluster.wait_leader(30, among=[n for n in cluster.ids if n != leader])
-cluster.restart(60, node=leader)
-assert cluster.status(new).term > epoch, (cluster.status(new), epoch)
+"""
+
+#: The group coordinator and the topic's log leader are named, and the latter serves the session.
+ROLES = """\
+import time
 deadline = time.monotonic() + 30  # the first FindCoordinator creates __consumer_offsets
 identity = {'members': [['g', 'm']], 'topic': 't'}
 while len(roles := cluster.holders(identity)) < 2 and time.monotonic() < deadline:
     time.sleep(0.2)
 assert set(roles) == {'coordinator', 'log leader'} and set(roles.values()) <= set(cluster.ids), roles
 assert cluster.serving({'members': [], 'topic': 't'}) == roles['log leader']
-pids = [h.pid for h in cluster.nodes] + [cluster.links.pid]
-print(json.dumps({'pids': pids, 'dir': str(cluster.directory)}))
 """
 
 
@@ -53,16 +47,4 @@ def test_kafka_cluster_under_servers_run(tmp_path: Path) -> None:
     at its proxy (``ClusterHandle.fronts``); the controller leader is killed, another leads in a
     higher epoch and the node rejoins; the group coordinator and the topic's leader are named and
     the latter serves the session; nothing is left running after."""
-    script = tmp_path / "check.py"
-    script.write_text(CHECK)
-    result = subprocess.run(
-        [sys.executable, "-m", "consensus_api.cli", "servers", "run", "kafka", "--nodes", "3", "--",
-         sys.executable, str(script)],
-        capture_output=True, text=True, timeout=300, env={**os.environ}, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    left = json.loads(result.stdout.strip().splitlines()[-1])
-    assert not [
-        pid for pid in left["pids"] if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
-    ]
-    assert not Path(left["dir"]).exists()
+    run_under_servers(tmp_path, "kafka", TOPIC + FAILOVER + ROLES, timeout=300)

@@ -4,6 +4,7 @@ its change log's holes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sqlite3
@@ -12,10 +13,12 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy
+from sqlalchemy.engine import Connection
 
 import consensus_api as ca
 from consensus_api import MembershipChanged, OperationTimeoutError, ValueChanged, registry
@@ -191,8 +194,6 @@ def test_mariadb_names_are_exact_bytes(mariadb_target: str) -> None:
 def test_mariadb_change_committed_after_a_later_one_reaches_listeners(mariadb_target: str) -> None:
     """InnoDB commits revisions out of order: a change whose transaction stays open while a later
     revision commits is still told to listeners when it commits (the feed waits on the hole)."""
-    url, query = parse_url(mariadb_target)
-    prefix = query["table_prefix"]
     with ca.connect(mariadb_target) as session:
         session.storage.put("early", b"v1")
         early: EventLog[ValueChanged] = EventLog("early")
@@ -201,20 +202,30 @@ def test_mariadb_change_committed_after_a_later_one_reaches_listeners(mariadb_ta
         session.listeners.add_value_listener("late", late)
         early.wait_count(1)
         late.wait_count(1)
-        engine = create(url, Options())
-        try:
-            with engine.connect() as slow, slow.begin():
-                slow.exec_driver_sql(
-                    f"UPDATE {prefix}kv SET value = %s, version = version + 1 WHERE `key` = %s",
-                    (b"v2", b"early"),
-                )
-                slow.exec_driver_sql(f"INSERT INTO {prefix}changes (kind, name) VALUES ('value', 'early')")
-                session.storage.put("late", b"after")  # a later revision, committed first
-                late.wait_count(2)
-                time.sleep(0.5)  # the hole is older than HOLE_SETTLE: the feed asks, finds it open
-            assert early.wait_count(2)[1] == ValueChanged("early", b"v2", 2)
-        finally:
-            engine.dispose()
+        with _uncommitted_update_of_early(mariadb_target):
+            session.storage.put("late", b"after")  # a later revision, committed first
+            late.wait_count(2)
+            time.sleep(0.5)  # the hole is older than HOLE_SETTLE: the feed asks, finds it open
+        assert early.wait_count(2)[1] == ValueChanged("early", b"v2", 2)
+
+
+@contextlib.contextmanager
+def _uncommitted_update_of_early(target: str) -> Iterator[Connection]:
+    """A transaction of its own that updates key ``early`` to ``b"v2"`` and logs the change, as the
+    backend does, and stays open (its revision taken) until the block ends or it is committed."""
+    url, query = parse_url(target)
+    prefix = query["table_prefix"]
+    engine = create(url, Options())
+    try:
+        with engine.connect() as slow, slow.begin():
+            slow.exec_driver_sql(
+                f"UPDATE {prefix}kv SET value = %s, version = version + 1 WHERE `key` = %s",
+                (b"v2", b"early"),
+            )
+            slow.exec_driver_sql(f"INSERT INTO {prefix}changes (kind, name) VALUES ('value', 'early')")
+            yield slow
+    finally:
+        engine.dispose()
 
 
 def test_mysql_schemes_are_registered_and_bad_urls_refused_before_io() -> None:
@@ -249,27 +260,16 @@ def test_mariadb_launcher_keeps_its_password_off_command_lines(tmp_path: Path) -
 def test_mariadb_change_in_flight_when_a_session_opens_reaches_its_listeners(mariadb_target: str) -> None:
     """A revision taken before a session opened, below a later committed one, whose transaction
     commits after the session's feed started, is still told to the session's listeners."""
-    url, query = parse_url(mariadb_target)
-    prefix = query["table_prefix"]
     with ca.connect(mariadb_target) as writer:
         writer.storage.put("early", b"v1")
-        engine = create(url, Options())
-        try:
-            with engine.connect() as slow, slow.begin():
-                slow.exec_driver_sql(
-                    f"UPDATE {prefix}kv SET value = %s, version = version + 1 WHERE `key` = %s",
-                    (b"v2", b"early"),
-                )
-                slow.exec_driver_sql(f"INSERT INTO {prefix}changes (kind, name) VALUES ('value', 'early')")
-                writer.storage.put("later", b"x")  # a later revision, committed first
-                with ca.connect(mariadb_target) as session:
-                    early: EventLog[ValueChanged] = EventLog("early")
-                    session.listeners.add_value_listener("early", early)
-                    assert early.wait_count(1)[0] == ValueChanged("early", b"v1", 1)
-                    slow.commit()
-                    assert early.wait_count(2)[1] == ValueChanged("early", b"v2", 2)
-        finally:
-            engine.dispose()
+        with _uncommitted_update_of_early(mariadb_target) as slow:
+            writer.storage.put("later", b"x")  # a later revision, committed first
+            with ca.connect(mariadb_target) as session:
+                early: EventLog[ValueChanged] = EventLog("early")
+                session.listeners.add_value_listener("early", early)
+                assert early.wait_count(1)[0] == ValueChanged("early", b"v1", 1)
+                slow.commit()
+                assert early.wait_count(2)[1] == ValueChanged("early", b"v2", 2)
 
 
 @pytest.mark.parametrize("value", [1e300, 0, 1e-9, "nan", float("inf"), 61])

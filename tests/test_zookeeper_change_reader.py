@@ -8,10 +8,11 @@ import threading
 import uuid
 from typing import Any
 
+from zookeeper_support import backend_of
+
 import consensus_api as ca
 from consensus_api.conformance.helpers import EventLog
 from consensus_api.testing import ServerHandle
-from consensus_backends.zookeeper import ZooKeeperBackend
 from consensus_backends.zookeeper.paths import encode_name
 
 TIMEOUT = 10.0
@@ -31,12 +32,6 @@ class ListingCount:
         return self._get_children_async(path, watch=watch, include_data=include_data)
 
 
-def _backend(session: ca.Session) -> ZooKeeperBackend:
-    backend = session._backend
-    assert isinstance(backend, ZooKeeperBackend)
-    return backend
-
-
 def _settle(session: ca.Session) -> None:
     """Wait until the dispatcher has run what is queued (the re-read the watch's first arm asks for)."""
     done = threading.Event()
@@ -52,7 +47,7 @@ def test_membership_rereads_start_from_the_rearm(zookeeper_server: ServerHandle)
         watcher.group("g").add_listener(log)
         log.wait_count(1, TIMEOUT)  # the first event: a linearizable read
         _settle(watcher)
-        listings = ListingCount(_backend(watcher)._connection.client)
+        listings = ListingCount(backend_of(watcher)._connection.client)
         for number in range(1, 10):
             joiner.group("g").join(f"m{number}", f"data {number}".encode())
             log.wait_last(lambda event: f"m{number}" in event.members, TIMEOUT)  # noqa: B023
@@ -68,7 +63,7 @@ def test_a_rearm_older_than_a_returned_membership_is_not_returned(zookeeper_serv
     with ca.connect(url) as watcher, ca.connect(url) as joiner:
         log = EventLog[ca.MembershipChanged]("memberships")
         watcher.group("g").add_listener(log)
-        backend = _backend(watcher)
+        backend = backend_of(watcher)
         groups, client = backend._groups, backend._connection.client
         joiner.group("g").join("a", b"1")
         members = backend._layout.members("g")

@@ -12,41 +12,28 @@ yet applied): re-joining must wait for it, not give the id up.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from zookeeper_support import kazoo_of
 
 import consensus_api as ca
 from consensus_api import ConsensusError, MemberExistsError, SessionState
 from consensus_api.conformance.helpers import EventLog, wait_until
-from consensus_api.testing import ServerHandle, start_server
+from consensus_api.testing import ServerHandle
 from consensus_backends.zookeeper import ZooKeeperBackend
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerHandle]:
-    with start_server("zookeeper") as handle:
-        yield handle
-
-
-def _kazoo(session: ca.Session) -> KazooClient:
-    backend = session._backend
-    assert isinstance(backend, ZooKeeperBackend)
-    client: KazooClient = backend._connection.client
-    return client
-
-
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # kazoo's thread dies
-def test_a_dead_kazoo_connection_thread_is_followed_by_a_new_session(server: ServerHandle) -> None:
+def test_a_dead_kazoo_connection_thread_is_followed_by_a_new_session(zk_server: ServerHandle) -> None:
     """The next response kazoo reads raises the error of kazoo#254: the session goes LOST, then
     CONNECTED with a new ZooKeeper session, re-joins its member, and calls work again."""
-    with ca.connect(f"{server.url}/loop", session_timeout=4, request_timeout=3) as session:
+    with ca.connect(f"{zk_server.url}/loop", session_timeout=4, request_timeout=3) as session:
         states: EventLog[SessionState] = EventLog("state")
         session.add_state_listener(states)
         session.group("g").join("m", b"x")
-        client = _kazoo(session)
+        client = kazoo_of(session)
         old = client.client_id
         handler: Any = client._connection
         original = handler._read_response
@@ -66,15 +53,15 @@ def test_a_dead_kazoo_connection_thread_is_followed_by_a_new_session(server: Ser
         assert session.storage.fetch("after") is not None
 
 
-def test_an_ephemeral_of_an_earlier_session_is_a_passing_error(server: ServerHandle) -> None:
+def test_an_ephemeral_of_an_earlier_session_is_a_passing_error(zk_server: ServerHandle) -> None:
     """A member node left by an earlier session of the same client (not closed yet after a LOST) makes
     a join a passing ConsensusError, retried, not MemberExistsError; once that session is closed, the
     join succeeds. Another session's member is still MemberExistsError."""
-    with ca.connect(f"{server.url}/ghost", session_timeout=4, request_timeout=3) as session:
+    with ca.connect(f"{zk_server.url}/ghost", session_timeout=4, request_timeout=3) as session:
         session.group("g").join("first", b"")  # creates the group's znodes
         backend = session._backend
         assert isinstance(backend, ZooKeeperBackend)
-        earlier = KazooClient(hosts=server.url.split("//")[1], timeout=10)
+        earlier = KazooClient(hosts=zk_server.url.split("//")[1], timeout=10)
         earlier.start(10)
         try:
             path = backend._layout.member("g", "m")

@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import psutil
 import pytest
 
 import consensus_api as ca
-from consensus_api.testing import ServerHandle, start_server
+from consensus_api.testing import ServerHandle
 from consensus_api.testing.proxy import TcpProxy
 
 CONNECT_TIMEOUT = 1.0
 ATTEMPTS = 20
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerHandle]:
-    with start_server("zookeeper") as handle:
-        yield handle
 
 
 def _fail_to_connect(server: ServerHandle, replies: int) -> float:
@@ -41,13 +34,13 @@ def _fail_to_connect(server: ServerHandle, replies: int) -> float:
 
 @pytest.mark.parametrize("replies", [1, 0], ids=["silent after the handshake", "silent from the start"])
 def test_failed_connects_end_within_connect_timeout_and_leave_nothing(
-    server: ServerHandle, replies: int
+    zk_server: ServerHandle, replies: int
 ) -> None:
-    with ca.connect(server.url + "/silent", connect_timeout=5):
+    with ca.connect(zk_server.url + "/silent", connect_timeout=5):
         pass  # the chroot exists: only the server's silence can fail the connects below
     process = psutil.Process()
     threads, descriptors = threading.active_count(), process.num_fds()
-    took = [_fail_to_connect(server, replies) for _ in range(ATTEMPTS)]
+    took = [_fail_to_connect(zk_server, replies) for _ in range(ATTEMPTS)]
     assert max(took) < CONNECT_TIMEOUT + 0.5, took
     assert threading.active_count() <= threads, [t.name for t in threading.enumerate()]
     assert process.num_fds() <= descriptors, process.open_files()

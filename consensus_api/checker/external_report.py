@@ -12,11 +12,11 @@ All text from the histories is HTML-escaped.
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 from typing import Any, Final
 
 from consensus_api.checker.external import FileVerdict, exit_code
+from consensus_api.checker.report import escape, html_table
 
 MAX_VIOLATIONS: Final = 20
 _STYLE: Final = (
@@ -31,16 +31,6 @@ _SCALE: Final = 14  # pixels per line of the history
 _CHAR: Final = 6  # pixels per character of a label
 
 
-def _e(value: object) -> str:
-    return html.escape(str(value))
-
-
-def _table(header: list[str], rows: list[list[object]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
 def timeline_svg(items: list[dict[str, Any]]) -> str:
     """The operations ``items`` (``start``/``end`` in lines, ``prefix`` position or None, ``mark``) as SVG."""
     origin = min(i["start"] for i in items)
@@ -50,7 +40,7 @@ def timeline_svg(items: list[dict[str, Any]]) -> str:
     width, height = _LEFT + (horizon - origin) * _SCALE + 20, (len(processes) + 1) * _ROW
     parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}'>"]
     for process, row in row_of.items():
-        parts.append(f"<text x='4' y='{row * _ROW + 17}'>process {_e(process)}</text>")
+        parts.append(f"<text x='4' y='{row * _ROW + 17}'>process {escape(process)}</text>")
     for item in sorted(items, key=lambda i: i["start"]):
         x = _LEFT + (item["start"] - origin) * _SCALE
         end = horizon if item["end"] is None else item["end"]
@@ -65,8 +55,8 @@ def timeline_svg(items: list[dict[str, Any]]) -> str:
         ):  # too long for its bar: the number only, the rest on hover
             text = order.rstrip(": ") if len(order) * _CHAR <= w + _CHAR else ""
         parts.append(
-            f"<g><title>{_e(title)}</title><rect x='{x}' y='{y}' width='{w}' height='{_ROW - 8}' "
-            f"fill='{color}' stroke='#555'{dash}/><text x='{x + 2}' y='{y + 12}'>{_e(text)}</text></g>"
+            f"<g><title>{escape(title)}</title><rect x='{x}' y='{y}' width='{w}' height='{_ROW - 8}' "
+            f"fill='{color}' stroke='#555'{dash}/><text x='{x + 2}' y='{y + 12}'>{escape(text)}</text></g>"
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -76,8 +66,8 @@ def _violation(verdict: FileVerdict) -> str:
     found = verdict.violation
     key = found["key"] or "(the register)"
     parts = [
-        f"<h2>{_e(Path(verdict.path).name)}: key <code>{_e(key)}</code></h2>",
-        f"<p>{_e(found.get('message', ''))}</p>",
+        f"<h2>{escape(Path(verdict.path).name)}: key <code>{escape(key)}</code></h2>",
+        f"<p>{escape(found.get('message', ''))}</p>",
     ]
     if found.get("timeline"):
         parts.append(
@@ -98,7 +88,7 @@ def _violation(verdict: FileVerdict) -> str:
             ]
             for i in window
         ]
-        parts.append(_table(["process", "invoke line", "completion line", "operation"], rows))
+        parts.append(html_table(["process", "invoke line", "completion line", "operation"], rows))
     return "\n".join(parts)
 
 
@@ -119,8 +109,8 @@ def render(verdicts: list[FileVerdict], engine: str) -> str:
     ]
     body = [
         f"<h1>consensus check: <span class='{overall}'>{overall}</span></h1>",
-        f"<p>engine {_e(engine)}; {len(verdicts)} histories; exit code {code}</p>",
-        _table(["file", "verdict", "operations", "keys", "seconds", "error / key"], rows),
+        f"<p>engine {escape(engine)}; {len(verdicts)} histories; exit code {code}</p>",
+        html_table(["file", "verdict", "operations", "keys", "seconds", "error / key"], rows),
         *(_violation(v) for v in [v for v in verdicts if v.violation][:MAX_VIOLATIONS]),
     ]
     head = f"<meta charset='utf-8'><title>consensus check</title><style>{_STYLE}</style>"

@@ -26,13 +26,15 @@ _STYLE = (
 )
 
 
-def _e(value: object) -> str:
+def escape(value: object) -> str:
+    """``value`` as HTML text."""
     return html.escape(str(value))
 
 
-def _table(header: list[str], rows: list[list[object]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+def html_table(header: list[str], rows: list[list[object]]) -> str:
+    """A table with ``header`` and ``rows``, every cell escaped."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -81,9 +83,9 @@ def _finding(finding: dict[str, Any]) -> str:
     detail = finding["detail"]
     items = detail.get("timeline", [])
     parts = [
-        f"<h3><span class='{_e(finding['verdict'])}'>{_e(finding['verdict'])}</span>: "
-        f"{_e(finding['check'])} of <code>{_e(finding['key'])}</code></h3>",
-        f"<p>{_e(detail.get('message', ''))}</p>",
+        f"<h3><span class='{escape(finding['verdict'])}'>{escape(finding['verdict'])}</span>: "
+        f"{escape(finding['check'])} of <code>{escape(finding['key'])}</code></h3>",
+        f"<p>{escape(detail.get('message', ''))}</p>",
     ]
     if items:
         origin = min(item["start"] for item in items)
@@ -96,7 +98,7 @@ def _finding(finding: dict[str, Any]) -> str:
             ]
             for i in items
         ]
-        parts.append(_table(["process", "start ms", "end ms", "operation / event"], rows))
+        parts.append(html_table(["process", "start ms", "end ms", "operation / event"], rows))
         png = timeline_png(items, f"{finding['check']}: {finding['key']}")
         parts.append(f"<img alt='timeline' src='data:image/png;base64,{png}'>")
     return "\n".join(parts)
@@ -121,21 +123,23 @@ def render(outcome: Outcome) -> str:
     )
     body = [
         f"<h1>consensus check: <span class='{verdict}'>{verdict}</span></h1>",
-        f"<p>engine {_e(outcome.engine)}, {outcome.seconds:.1f} s; exit code {outcome.exit_code}</p>",
-        _table(["run", "backend"], [[run, backend] for run, backend in sorted(outcome.runs.items())]),
+        f"<p>engine {escape(outcome.engine)}, {outcome.seconds:.1f} s; exit code {outcome.exit_code}</p>",
+        html_table(["run", "backend"], [[run, backend] for run, backend in sorted(outcome.runs.items())]),
         "<h2>Checks</h2>",
-        _table(["check", "verdict", "objects", "ops", "violations", "unknown"], checks),
+        html_table(["check", "verdict", "objects", "ops", "violations", "unknown"], checks),
         "<h2>Faults</h2>",
-        _table(["fault", "count"], [[f, n] for f, n in sorted(outcome.faults.items())])
+        html_table(["fault", "count"], [[f, n] for f, n in sorted(outcome.faults.items())])
         if outcome.faults
         else "<p>none recorded</p>",
         f"<h2>Findings ({len(outcome.findings)})</h2>",
         *(_finding(f) for f in outcome.findings[:MAX_FINDINGS]),
         "<h2>Latency per operation (ms, completed operations)</h2>",
-        _table(["operation", "count", "p50", "p90", "p99", "max"], latency),
+        html_table(["operation", "count", "p50", "p90", "p99", "max"], latency),
         "<h2>Leader handovers</h2><p>Seconds from the first sign a leader was gone to the first sighting "
         "of the next one.</p>",
-        _table(["service", "handovers", "median", "max"], handovers) if handovers else "<p>none observed</p>",
+        html_table(["service", "handovers", "median", "max"], handovers)
+        if handovers
+        else "<p>none observed</p>",
     ]
     head = f"<meta charset='utf-8'><title>consensus check</title><style>{_STYLE}</style>"
     return f"<!doctype html><html><head>{head}</head><body>{''.join(body)}</body></html>"

@@ -4,11 +4,13 @@ The child is ``python -m MODULE ARGS --lifetime S [--opt NAME=VALUE ...]``
 with ``$CONSENSUS_URL`` set; it reports by printing lines and takes commands
 on stdin. Every line is kept (with its arrival time) in an ``EventLog``, and
 the end of its output shows as ``EOF_LINE``; the child is killed by PID and
-reaped by ``close``, also when a test fails.
+reaped by ``close``, also when a test fails. The child's side: ``child_options``, ``child_parser``
+and ``child_start`` (a watchdog ends it, whatever happens, once its lifetime is over).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -18,11 +20,43 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from consensus_api.closing import Closing
 from consensus_api.conformance.helpers import EVENT_TIMEOUT, EventLog
 
 EOF_LINE = "<eof>"
+
+#: The exit code of a child its watchdog ended.
+WATCHDOG_EXIT = 3
+
+
+def child_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``parser`` with the options of every child: ``--opt NAME=VALUE``... (session options) and
+    ``--lifetime S``."""
+    parser.add_argument("--opt", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--lifetime", type=float, default=120.0)
+    return parser
+
+
+def child_parser(module: str) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser, Any]:
+    """The command line of a worker child: ``URL`` (``-``: ``$CONSENSUS_URL``), then a command.
+    Returns the parser, the options every command takes (``child_options``; pass it as ``parents``)
+    and the commands (``add_parser``)."""
+    common = child_options(argparse.ArgumentParser(add_help=False))
+    parser = argparse.ArgumentParser(prog=f"python -m {module}")
+    parser.add_argument("url")
+    commands = parser.add_subparsers(dest="command", required=True)
+    return parser, common, commands
+
+
+def child_start(args: argparse.Namespace, grace: float = 0.0) -> dict[str, str]:
+    """Arm the watchdog (the process exits with ``WATCHDOG_EXIT`` ``grace`` seconds after its
+    ``--lifetime``, whatever happens) and return the session options of ``--opt``."""
+    watchdog = threading.Timer(args.lifetime + grace, lambda: os._exit(WATCHDOG_EXIT))
+    watchdog.daemon = True
+    watchdog.start()
+    return dict(item.partition("=")[::2] for item in args.opt)
 
 
 class ChildProcess(Closing):

@@ -25,7 +25,7 @@ from consensus_api import (
     ResourceHandler,
     connect,
 )
-from consensus_api.conformance.child import ChildProcess
+from consensus_api.conformance.child import ChildProcess, child_options, child_start
 from consensus_api.conformance.helpers import EventLog
 
 
@@ -192,15 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     that passes during the pause would end a child whose member was about to join or reconcile
     (it revoked everything on its way out, then the test waited for it in vain). The test bounds
     how long joining may take; the child only reports."""
-    parser = argparse.ArgumentParser(prog="python -m consensus_api.conformance.coordination")
+    parser = child_options(argparse.ArgumentParser(prog="python -m consensus_api.conformance.coordination"))
     parser.add_argument("group")
-    parser.add_argument("--opt", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--lifetime", type=float, default=120.0)
     args = parser.parse_args(argv)
-    watchdog = threading.Timer(args.lifetime + 5, lambda: os._exit(3))
-    watchdog.daemon = True
-    watchdog.start()
-    options = dict(item.partition("=")[::2] for item in args.opt)
+    options = child_start(args, grace=5)
     rebalance = float(options.pop("rebalance_timeout", 10))
     resources = int(options.pop("resources", 0))
     hold = float(options.pop("hold_assign", 0))

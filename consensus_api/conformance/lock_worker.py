@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from consensus_api import ConsensusError, Lease, LockLost, SessionState, connect
-from consensus_api.conformance.child import ChildProcess
+from consensus_api.conformance.child import ChildProcess, child_parser, child_start
 from consensus_api.conformance.helpers import EVENT_TIMEOUT
 from consensus_api.conformance.worker import emit, fenced_outcome
 from consensus_api.session import Session
@@ -119,12 +119,7 @@ def _run_contend(session: Session, name: str, key: str, threads: int, rounds: in
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--opt", action="append", default=[], metavar="NAME=VALUE")
-    common.add_argument("--lifetime", type=float, default=120.0)
-    parser = argparse.ArgumentParser(prog="python -m consensus_api.conformance.lock_worker")
-    parser.add_argument("url")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, common, commands = child_parser("consensus_api.conformance.lock_worker")
     hold = commands.add_parser("hold", parents=[common])
     hold.add_argument("name")
     hold.add_argument("--shared", action="store_true")
@@ -139,11 +134,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the exit code is 0 when it completed."""
     args = _parser().parse_args(argv)
-    watchdog = threading.Timer(args.lifetime, lambda: os._exit(3))
-    watchdog.daemon = True
-    watchdog.start()
+    options = child_start(args)
     url = os.environ.get("CONSENSUS_URL", "") if args.url == "-" else args.url
-    options = dict(item.partition("=")[::2] for item in args.opt)
     try:
         session: Session = connect(url, **options)
     except ConsensusError as exc:

@@ -63,7 +63,7 @@ from consensus_api import (
     connect,
 )
 from consensus_api.config import parse_url
-from consensus_api.conformance.child import ChildProcess
+from consensus_api.conformance.child import ChildProcess, child_parser, child_start
 from consensus_api.conformance.helpers import EVENT_TIMEOUT
 from consensus_api.conformance.prober import Prober
 from consensus_api.conformance.profile import profile_for
@@ -324,12 +324,7 @@ def _run_sqlite_lock(url: str, commands: _Commands, hold: float, wipe: bool) -> 
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--opt", action="append", default=[], metavar="NAME=VALUE")
-    common.add_argument("--lifetime", type=float, default=120.0)
-    parser = argparse.ArgumentParser(prog="python -m consensus_api.conformance.worker")
-    parser.add_argument("url")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser, common, commands = child_parser("consensus_api.conformance.worker")
     put = commands.add_parser("put", parents=[common])
     put.add_argument("key")
     cas = commands.add_parser("cas", parents=[common])
@@ -348,12 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one worker command; the exit code is 0 when it completed."""
     args = _parser().parse_args(argv)
     deadline = time.monotonic() + args.lifetime
-    # The watchdog: whatever happens, the child does not outlive its lifetime.
-    watchdog = threading.Timer(args.lifetime + 5, lambda: os._exit(3))
-    watchdog.daemon = True
-    watchdog.start()
+    options = child_start(args, grace=5)
     url = os.environ.get("CONSENSUS_URL", "") if args.url == "-" else args.url
-    options = dict(item.partition("=")[::2] for item in args.opt)
     commands = _Commands(deadline)
     if args.command == "sqlite-lock":
         return _run_sqlite_lock(url, commands, args.hold, args.wipe)

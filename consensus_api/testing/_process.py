@@ -375,11 +375,14 @@ class ServerHandle:
         self.stop()
 
 
-def launch(handle: ServerHandle, timeout: float) -> ServerHandle:
-    """Spawn ``handle`` and wait until ready; on failure stop it (removing its dir) and re-raise."""
+def launch(handle: ServerHandle, timeout: float, *, then: Callable[[], object] | None = None) -> ServerHandle:
+    """Spawn ``handle``, wait until ready, then run ``then`` (a set-up through the running server,
+    such as users and ACLs); on failure stop it (removing its dir) and re-raise."""
     try:
         handle.spawn()
         handle.wait_ready(timeout)
+        if then is not None:
+            then()
     except BaseException:
         handle.stop()
         raise

@@ -237,10 +237,4 @@ def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
     )
     url = f"etcd://{SECURE_USER}:{password}@{HOST}:{client}{SECURE_PREFIX.rstrip('/')}?{query}"
     handle = ServerHandle("etcd", url, client, directory, command=command, probe=lambda: probe(plain))
-    launch(handle, START_TIMEOUT)
-    try:
-        _enable_auth(plain, password)
-    except BaseException:
-        handle.stop()
-        raise
-    return handle
+    return launch(handle, START_TIMEOUT, then=lambda: _enable_auth(plain, password))

@@ -205,14 +205,10 @@ def probe(port: int) -> bool:
         socket.create_connection((HOST, port), timeout=1).close()
     except OSError:
         return False  # not listening yet: skip the costlier client bootstrap
-    from kafka.admin import KafkaAdminClient  # noqa: PLC0415 - only needed once a server is started
-    from kafka.errors import KafkaError  # noqa: PLC0415
+    from kafka.errors import KafkaError  # noqa: PLC0415 - only needed once a server is started
 
-    try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=f"{HOST}:{port}", bootstrap_timeout_ms=2000, request_timeout_ms=2000
-        )
-    except KafkaError:
+    admin = admin_client(port)
+    if admin is None:
         return False
     try:
         return bool(admin.describe_cluster().get("brokers"))
@@ -220,6 +216,20 @@ def probe(port: int) -> bool:
         return False
     finally:
         admin.close()
+
+
+def admin_client(port: int) -> Any:
+    """A ``KafkaAdminClient`` of the broker at ``port`` (2 s to bootstrap, 2 s per request), or None
+    if it cannot bootstrap. The caller closes it."""
+    from kafka.admin import KafkaAdminClient  # noqa: PLC0415 - the testing extra
+    from kafka.errors import KafkaError  # noqa: PLC0415
+
+    try:
+        return KafkaAdminClient(
+            bootstrap_servers=f"{HOST}:{port}", bootstrap_timeout_ms=2000, request_timeout_ms=2000
+        )
+    except KafkaError:
+        return None
 
 
 def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
@@ -276,14 +286,9 @@ def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
     except BaseException:
         handle.stop()
         raise
-    launch(handle, START_TIMEOUT)
-    if secure:
-        try:
-            _add_user_and_acls(probe_port, password)
-        except BaseException:
-            handle.stop()
-            raise
-    return handle
+    return launch(
+        handle, START_TIMEOUT, then=(lambda: _add_user_and_acls(probe_port, password)) if secure else None
+    )
 
 
 def start_cluster(workdir: Path | None = None, nodes: int = 3) -> ClusterHandle:

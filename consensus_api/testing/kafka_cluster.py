@@ -41,7 +41,15 @@ from typing import Any
 from consensus_api.testing._host import HOST, free_port, java_binary, run_checked
 from consensus_api.testing._process import ServerHandle
 from consensus_api.testing.cluster import FOLLOWER, LEADER, ClusterHandle, NodeStatus, link_name
-from consensus_api.testing.kafka import LOG4J2, TOOL_JVM, _cluster_id, _server_properties, libs_dir, probe
+from consensus_api.testing.kafka import (
+    LOG4J2,
+    TOOL_JVM,
+    _cluster_id,
+    _server_properties,
+    admin_client,
+    libs_dir,
+    probe,
+)
 from consensus_api.testing.links import Links
 
 START_TIMEOUT = 120.0
@@ -284,14 +292,10 @@ def group_coordinator(port: int, group_id: str) -> int | None:
 
 def log_leader(port: int, topic: str) -> int | None:
     """The node id leading partition 0 of ``topic``, as the broker at ``port`` says."""
-    from kafka.admin import KafkaAdminClient  # noqa: PLC0415 - the testing extra
-    from kafka.errors import KafkaError  # noqa: PLC0415
+    from kafka.errors import KafkaError  # noqa: PLC0415 - the testing extra
 
-    try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=f"{HOST}:{port}", bootstrap_timeout_ms=2000, request_timeout_ms=2000
-        )
-    except KafkaError:
+    admin = admin_client(port)
+    if admin is None:
         return None
     try:
         [described] = admin.describe_topics([topic])

@@ -151,14 +151,7 @@ def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
         command=command,
         probe=lambda: probe(port),
     )
-    launch(handle, START_TIMEOUT)
-    if secure:
-        try:
-            _protect_chroot(port, password)
-        except BaseException:
-            handle.stop()
-            raise
-    return handle
+    return launch(handle, START_TIMEOUT, then=(lambda: _protect_chroot(port, password)) if secure else None)
 
 
 def start_cluster(workdir: Path | None = None, nodes: int = 3) -> ClusterHandle:

@@ -19,30 +19,32 @@ from consensus_api.model import Leadership, Versioned
 
 if TYPE_CHECKING:
     from consensus_backends.etcd._client import EtcdClient
+    from consensus_backends.etcd._leased import LeasedKeys
+    from consensus_backends.etcd._storage import Storage
     from consensus_backends.etcd._watch import PrefixWatch
-    from consensus_backends.etcd.backend import EtcdBackend
 
 
 class ChangeReader:
     """The backend's reads, with a value's re-read answered by its latest watch event."""
 
-    def __init__(self, backend: EtcdBackend, client: EtcdClient, watch: PrefixWatch) -> None:
-        self._backend = backend
+    def __init__(self, storage: Storage, leased: LeasedKeys, client: EtcdClient, watch: PrefixWatch) -> None:
+        self._storage = storage
+        self._leased = leased
         self._client = client
         self._watch = watch
 
     def fetch(self, key: str) -> Versioned | None:
         seen = self._watch.value(key)
         if seen is None or seen[0] < self._client.read_revision:
-            return self._backend.fetch(key)
+            return self._storage.fetch(key)
         revision, value = seen
         return None if value is None else Versioned(value, revision)
 
     def keys(self, namespace: str) -> frozenset[str]:
-        return self._backend.keys(namespace)
+        return self._storage.keys(namespace)
 
     def membership(self, group: str) -> dict[str, bytes]:
-        return self._backend.membership(group)
+        return self._leased.membership(group)
 
     def leadership(self, service: str) -> Leadership | None:
-        return self._backend.leadership(service)
+        return self._leased.leadership(service)

@@ -1,14 +1,12 @@
-"""The kazoo client of one backend session: connecting, session states and bounded requests.
+"""The kazoo client of one backend session: connecting and session states (requests: ``pipeline``).
 
 Guarantees:
 
 * ``open`` returns by its deadline (``BackendUnavailableError`` otherwise);
   ``abort`` then stops kazoo's threads and closes its sockets before it
   returns, within ``ABORT_WAIT``.
-* ``run`` returns within its deadline; kazoo exceptions never escape: semantic
-  ones (``NoNodeError``...) come back as values, the rest become
-  ``ConsensusError``\\ s. Reads retry across connection loss until the deadline;
-  a write whose connection broke is ``OperationTimeoutError`` (effect unknown).
+* ``run`` and ``read`` (``pipeline.Pipeline``) return within their deadline, and
+  kazoo exceptions never escape them.
 * No call spans two sessions: once LOST is reported, a call begun before
   raises ``SessionLostError`` (a write only if it was not sent yet). So a
   read the core started before a loss cannot deliver the new session's view
@@ -32,12 +30,10 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from kazoo import exceptions as kz
 from kazoo.client import KazooClient, KazooState
-from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KeeperState
 from kazoo.retry import KazooRetry
 
@@ -46,10 +42,9 @@ from consensus_api.errors import (
     BackendUnavailableError,
     ConfigurationError,
     ConsensusError,
-    OperationTimeoutError,
-    SessionLostError,
 )
 from consensus_api.model import SessionState
+from consensus_backends.zookeeper.pipeline import Pipeline
 from consensus_backends.zookeeper.security import Security
 
 log = logging.getLogger("consensus_api.zookeeper")
@@ -57,24 +52,6 @@ log = logging.getLogger("consensus_api.zookeeper")
 DEFAULT_PORT = 2181
 #: Seconds ``abort`` waits for kazoo's threads to end once their socket is shut down.
 ABORT_WAIT = 2.0
-
-#: Errors that describe the data, for the caller to interpret.
-SEMANTIC = (
-    kz.NoNodeError,
-    kz.NodeExistsError,
-    kz.BadVersionError,
-    kz.NotEmptyError,
-    kz.RolledBackError,
-    kz.RuntimeInconsistency,
-)
-#: Errors of the connection or session: the request may or may not have been applied.
-TRANSIENT = (kz.ConnectionLoss, kz.SessionExpiredError, kz.OperationTimeoutError, kz.SessionMovedError)
-
-Build = Callable[[KazooClient], Sequence[Any]]
-
-
-class TransientError(Exception):
-    """A request failed because of the connection; raised inside this package only."""
 
 
 def host_string(url: BackendURL) -> str:
@@ -89,7 +66,7 @@ def host_string(url: BackendURL) -> str:
     )
 
 
-class Connection:
+class Connection(Pipeline):
     """One KazooClient and the session state machine around it."""
 
     def __init__(
@@ -222,52 +199,6 @@ class Connection:
         thread.start()
         return thread
 
-    # Requests
-
-    def run(self, build: Build, deadline: float, *, idempotent: bool) -> list[Any]:
-        """Send the requests ``build`` starts (in order, pipelined) and return their outcomes.
-
-        Semantic errors are returned in place of the value. An idempotent batch
-        is re-sent after a connection problem until ``deadline``.
-        """
-        losses = self._losses
-        while True:
-            if self._closing:
-                raise SessionLostError("the session is closed")
-            connected = self._wait_connected(losses, deadline)
-            self._check_session(losses)
-            if not connected:
-                raise OperationTimeoutError(
-                    f"no connection to ZooKeeper within {self._settings.request_timeout:g} s "
-                    f"(session {self.state_name()})"
-                )
-            try:
-                results = build(self.client)
-                self._await_last(results, deadline)
-                outcomes = [self._settle(result, deadline) for result in results]
-                if idempotent:
-                    self._check_session(losses)
-                return outcomes
-            except TransientError as exc:
-                if not idempotent and not isinstance(exc.__cause__, kz.ConnectionClosedError):
-                    raise OperationTimeoutError(
-                        f"the connection to ZooKeeper broke during a write ({type(exc.__cause__).__name__}); "
-                        "its effect is unknown"
-                    ) from None
-                time.sleep(0.01)  # kazoo may not have noticed the broken connection yet
-            except ConsensusError:
-                raise
-            except Exception as exc:  # anything else kazoo raised: never let it escape
-                raise ConsensusError(f"ZooKeeper request failed: {type(exc).__name__}: {exc}") from None
-
-    @staticmethod
-    def _await_last(results: Sequence[Any], deadline: float) -> None:
-        """Wait for the last of pipelined requests first: kazoo sets results in the order the server
-        answers (the order they were sent), so the others are then set too, and the caller's thread
-        wakes once, not once per reply it would otherwise catch before the next arrived."""
-        if len(results) > 1:
-            results[-1].wait(max(0.0, deadline - time.monotonic()))
-
     def _wake(self) -> None:
         """Wake the waiters (a TLS certificate was refused: ``open`` gives up at once)."""
         with self._state_changed:
@@ -287,51 +218,6 @@ class Connection:
                     break
                 self._state_changed.wait(remaining)
             return self._connected
-
-    def _check_session(self, losses: int) -> None:
-        if self._losses != losses:
-            raise SessionLostError("the ZooKeeper session was lost during the call")
-
-    def read(self, build: Build, deadline: float, *, barrier: str | None) -> list[Any]:
-        """An idempotent batch; with ``barrier`` a no-op quorum write is sent first.
-
-        ZooKeeper answers a session's requests in order, and a write completes
-        only once a quorum committed it, so the reads behind it see every write
-        that completed before this call: the reads are linearizable.
-        """
-        if barrier is None:
-            return self.run(build, deadline, idempotent=True)
-
-        def with_barrier(client: KazooClient) -> list[Any]:
-            transaction = client.transaction()
-            transaction.check(barrier, -1)
-            return [transaction.commit_async(), *build(client)]
-
-        return self.run(with_barrier, deadline, idempotent=True)[1:]
-
-    def _settle(self, result: Any, deadline: float) -> Any:
-        try:
-            return result.get(timeout=max(0.0, deadline - time.monotonic()))
-        except SEMANTIC as exc:
-            return exc
-        except TRANSIENT as exc:
-            raise TransientError() from exc
-        except KazooTimeoutError:
-            raise OperationTimeoutError(
-                f"ZooKeeper did not answer within {self._settings.request_timeout:g} s "
-                f"(session {self.state_name()}); the effect of a write is unknown"
-            ) from None
-        except (kz.NoAuthError, kz.AuthFailedError) as exc:
-            raise ConfigurationError(
-                f"ZooKeeper refused access ({type(exc).__name__}) for {self._url.redacted()}: "
-                "check the user name and password in the URL and the ACLs of the chroot"
-            ) from None
-        except kz.KazooException as exc:
-            raise ConsensusError(f"ZooKeeper request failed: {type(exc).__name__}") from None
-
-    def state_name(self) -> str:
-        """kazoo's current connection state, for error messages."""
-        return str(self.client.state)
 
     # Session states (kazoo calls _on_state on its connection thread: never block there)
 

@@ -30,9 +30,9 @@ from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import EventType
 
 from consensus_api.backend import Target, TargetKind
-from consensus_backends.zookeeper.connection import TRANSIENT
 from consensus_backends.zookeeper.membership import Groups
 from consensus_backends.zookeeper.paths import Layout
+from consensus_backends.zookeeper.pipeline import TRANSIENT
 
 log = logging.getLogger("consensus_api.zookeeper")
 

@@ -73,6 +73,17 @@ local function reap_owners(owners)
     if not alive(sid) then drop(sid) end
   end
 end
+-- A leave or resign of ``id`` (owners: its hash of owners) by ``sid``: nil if ``sid`` holds it,
+-- else the reply: 'ok' if nobody holds it, 'other' while another session that holds it lives
+-- (a dead one is dropped first: then 'ok').
+local function release_reply(owners, id, sid)
+  local owner = redis.call('HGET', owners, id)
+  if not owner then return {'ok'} end
+  if owner == sid then return nil end
+  if alive(owner) then return {'other'} end
+  drop(owner)
+  return {'ok'}
+end
 local function fence_ok()
   local service = ARGV[2]
   if service == '' then return true end
@@ -200,13 +211,8 @@ return {'ok'}
 #: ARGV = prefix, session id, group, member id. ``other``: another session holds it.
 LEAVE = r"""
 local sid, group, member = ARGV[2], ARGV[3], ARGV[4]
-local owner = redis.call('HGET', k('go', group), member)
-if not owner then return {'ok'} end
-if owner ~= sid then
-  if alive(owner) then return {'other'} end
-  drop(owner)
-  return {'ok'}
-end
+local reply = release_reply(k('go', group), member, sid)
+if reply then return reply end
 redis.call('HDEL', k('g', group), member)
 redis.call('HDEL', k('go', group), member)
 redis.call('SREM', k('o', sid), 'g' .. group .. '\0' .. member)
@@ -237,13 +243,8 @@ return {'ok', 0}
 #: ARGV = prefix, session id, service, candidate id.
 RESIGN = r"""
 local sid, service, candidate = ARGV[2], ARGV[3], ARGV[4]
-local owner = redis.call('HGET', k('co', service), candidate)
-if not owner then return {'ok'} end
-if owner ~= sid then
-  if alive(owner) then return {'other'} end
-  drop(owner)
-  return {'ok'}
-end
+local reply = release_reply(k('co', service), candidate, sid)
+if reply then return reply end
 redis.call('ZREM', k('c', service), candidate)
 redis.call('HDEL', k('co', service), candidate)
 redis.call('SREM', k('o', sid), 'e' .. service .. '\0' .. candidate)
