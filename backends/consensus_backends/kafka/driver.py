@@ -18,7 +18,7 @@ Every ``TICK`` seconds (or at once when woken) the driver
   multiply the cost of watching, and reports a change of a watched group's
   state or members through ``events.changed``;
 * lists which groups of its own members are preparing a rebalance (one
-  ListGroups per coordinator every ``WATCH_INTERVAL``, whose cost does not
+  ListGroups per coordinator every ``LIST_INTERVAL``, whose cost does not
   grow with the groups) and makes those members rejoin at once, rather than
   at their next heartbeat;
 * derives the session state. SUSPENDED: the last probe failed or is overdue.
@@ -53,6 +53,8 @@ log = logging.getLogger("consensus_api.kafka")
 TICK = 0.05
 WATCH_INTERVAL = 0.1
 MEMBERS_PER_WATCH = 100
+#: How often the groups of the session's own members are checked for a rebalance (ListGroups).
+LIST_INTERVAL = 0.05
 #: The longest interval between two descriptions of the watched groups.
 MAX_WATCH_INTERVAL = 1.0
 #: Every member is driven at least this often (kafka-python wants a poll well within
@@ -242,7 +244,7 @@ class Driver:
                     if member.group_id in listing.value:
                         member.rebalance_seen(self._listing_sent)
         groups = {member.group_id for member in members}
-        if self._listing is None and groups and now - self._listing_sent >= WATCH_INTERVAL:
+        if self._listing is None and groups and now - self._listing_sent >= LIST_INTERVAL:
             self._listing_sent = now
             self._listing = self._start(self._channel.rebalancing_async, sorted(groups))
 

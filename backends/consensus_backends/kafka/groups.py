@@ -35,7 +35,8 @@ from consensus_backends.kafka.channel import Channel
 from consensus_backends.kafka.commandlog import CommandLog
 from consensus_backends.kafka.departures import Departures
 from consensus_backends.kafka.errors import timeout_error, translate
-from consensus_backends.kafka.member import Member, Selector, Slot, start_member
+from consensus_backends.kafka.loop import Selector
+from consensus_backends.kafka.member import Member, Slot, start_member
 from consensus_backends.kafka.protocol import ENTRY_SEP, Assignment, LeaseView
 from consensus_backends.kafka.records import Command, Op
 from consensus_backends.kafka.rosters import SETTLE_POLL, Rosters
@@ -237,6 +238,7 @@ class Groups:
                 hooks=self,
                 lease_view=lease_view,
                 net=self._net,
+                heartbeat_ms=self._settings.member_heartbeat_ms,
             ),
             self._channel,
             deadline,

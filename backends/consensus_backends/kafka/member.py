@@ -28,13 +28,13 @@ from typing import Any, Protocol, TypeVar
 import kafka.errors as kerrors
 from kafka.coordinator.base import BaseCoordinator
 from kafka.net.compat import KafkaNetClient
-from kafka.net.manager import KafkaConnectionManager
 from kafka.net.selector import NetworkSelector
 from kafka.protocol.consumer import UNKNOWN_MEMBER_ID
 from kafka.structs import MemberState
 
 from consensus_backends.kafka.channel import Channel
 from consensus_backends.kafka.errors import translate
+from consensus_backends.kafka.loop import Manager, Selector
 from consensus_backends.kafka.protocol import (
     ELECTION_TYPE,
     GROUP_TYPE,
@@ -79,37 +79,6 @@ class Slot:
         return Entry(self.id, self.token, self.since, self.at, self.data)
 
 
-class Selector(NetworkSelector):  # type: ignore[misc]  # kafka-python is untyped
-    """One IO thread (kafka-python's event loop) shared by the members of a session.
-
-    Every coroutine of a member, and every callback of its connection, runs on
-    this thread; none of :class:`Member`'s blocks it (a blocking hook belongs on
-    a member with a selector of its own, as the Coordinator's does)."""
-
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(**settings.client())
-        self.start()
-
-    def shut(self, timeout: float) -> None:
-        """Stop the IO thread (waiting at most ``timeout`` s) and close the selector; a thread that
-        does not stop in time is left to end with the process (a daemon)."""
-        thread = self._io_thread
-        self.stop(timeout_ms=timeout * 1000)
-        if thread is not None and thread.is_alive():
-            log.warning("the Kafka members' IO thread did not stop within %.1f s", timeout)
-            return
-        self.close()
-
-
-class _Manager(KafkaConnectionManager):  # type: ignore[misc]  # kafka-python is untyped
-    """A member's connections; its idle-connection check stops rescheduling itself once closed
-    (on a shared selector it would otherwise outlive the member)."""
-
-    def close_idle_connections(self) -> None:
-        if not getattr(self, "closed", False):  # also called before __init__ sets ``closed``
-            super().close_idle_connections()
-
-
 class Hooks(Protocol):
     """What a member reports to its backend; every call returns at once (IO thread)."""
 
@@ -140,17 +109,18 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         lease_view: Callable[[], LeaseView] | None = None,
         group_instance_id: str | None = None,
         net: Selector | None = None,
+        heartbeat_ms: int | None = None,
     ) -> None:
         configs = settings.client()
         self._own_net = net is None
         selector = NetworkSelector(**configs) if net is None else net
-        self.client = KafkaNetClient(net=selector, manager=_Manager(selector, **configs), **configs)
+        self.client = KafkaNetClient(net=selector, manager=Manager(selector, **configs), **configs)
         super().__init__(
             self.client,
             group_id=group_id,
             group_instance_id=group_instance_id,
             session_timeout_ms=settings.session_ms,
-            heartbeat_interval_ms=settings.heartbeat_ms,
+            heartbeat_interval_ms=heartbeat_ms or settings.heartbeat_ms,
             max_poll_interval_ms=settings.rebalance_ms,
             request_timeout_ms=int(settings.request_timeout * 1000),
             retry_backoff_ms=50,
