@@ -21,7 +21,7 @@ from typing import Any
 
 import kafka.errors as kerrors
 from kafka.net.compat import KafkaNetClient
-from kafka.protocol.admin import CreateTopicsRequest, DescribeGroupsRequest
+from kafka.protocol.admin import CreateTopicsRequest, DescribeGroupsRequest, ListGroupsRequest
 from kafka.protocol.consumer import LeaveGroupRequest, ListOffsetsRequest
 from kafka.protocol.metadata import CoordinatorType, FindCoordinatorRequest, MetadataRequest
 
@@ -33,6 +33,7 @@ from consensus_backends.kafka.settings import MAX_RECORD_BYTES, Settings
 RETRY_DELAY = 0.05
 #: Group states in which DescribeGroups carries member metadata and assignments.
 STABLE = "Stable"
+PREPARING = "PreparingRebalance"
 GONE = ("Empty", "Dead")
 
 
@@ -294,6 +295,28 @@ class Channel:
             for group in response.groups:
                 views[group.group_id] = self._view(group)
         return views
+
+    async def rebalancing_async(self, group_ids: list[str]) -> set[str]:
+        """Which of ``group_ids`` are preparing a rebalance: one ListGroups filtered by that state
+        per coordinator, which carries no member metadata, so its cost does not grow with the
+        groups' size (DescribeGroups' does). Needs ListGroups v4 (Kafka 2.6)."""
+        by_node: defaultdict[str, list[str]] = defaultdict(list)
+        for group_id in group_ids:
+            by_node[await self._coordinator(group_id)].append(group_id)
+        wanted, found = set(group_ids), set[str]()
+        for node, groups in by_node.items():
+            request = ListGroupsRequest(states_filter=[PREPARING], types_filter=[])
+            try:
+                response = await self._manager.send(request, node_id=node)
+            except kerrors.KafkaError:
+                for group_id in groups:
+                    self._forget(group_id)
+                raise
+            error = kerrors.for_code(response.error_code)
+            if error is not kerrors.NoError:
+                raise error("listing rebalancing groups")
+            found.update(g.group_id for g in response.groups if g.group_id in wanted)
+        return found
 
     def _view(self, group: Any) -> GroupView:
         error = kerrors.for_code(group.error_code)

@@ -98,7 +98,7 @@ class _Hooks:
     def lost(self, member: Member) -> None:
         """Unused: a reset generation is reported through ``reset_generation``."""
 
-    def wake(self) -> None:
+    def wake(self, member: Member) -> None:
         self._host.wake()
 
 
@@ -169,7 +169,7 @@ class CoordinatorMember(Member):
             await super()._send_heartbeat_request()
         except kerrors.FencedInstanceIdError as exc:  # kafka-python only stops heartbeating
             self.fatal = exc
-            self._hooks.wake()
+            self._hooks.wake(self)
             raise
 
 

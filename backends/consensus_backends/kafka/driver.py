@@ -2,23 +2,28 @@
 
 Every ``TICK`` seconds (or at once when woken) the driver
 
-* calls :meth:`Member.drive` on every member (the mandatory kafka-python
-  driver loop: (re)join when due, poll the heartbeat);
+* calls :meth:`Member.drive` (the mandatory kafka-python driver loop:
+  (re)join when due, poll the heartbeat) on the members with work under way
+  or that asked for it (:meth:`Driver.wake`), and on every member once every
+  ``SWEEP`` seconds at most, so that idle members in many groups cost nothing
+  per tick;
 * probes the cluster with a ListOffsets request to the command log's leader
   every ``probe_interval`` and, on a cluster, asks another broker in turn
   which leader (by leader epoch) the log has: a partitioned leader goes on
   answering ListOffsets, so a newer leader elsewhere fails the probe once
   (SUSPENDED) and the probe moves to it (``Channel.leader_deposed``);
-* describes every watched group and every group of its own members every
-  ``WATCH_INTERVAL`` while they hold at most ``MEMBERS_PER_WATCH`` members in
-  all, proportionally less often above that (at most ``MAX_WATCH_INTERVAL``
-  apart), so that big groups do not multiply the cost of watching; reports a
-  change of a watched group's state or members through ``events.changed``,
-  and makes its own members rejoin at once when their group is rebalancing
-  (rather than at their next heartbeat);
+* describes every watched group every ``WATCH_INTERVAL`` while they hold at
+  most ``MEMBERS_PER_WATCH`` members in all, proportionally less often above
+  that (at most ``MAX_WATCH_INTERVAL`` apart), so that big groups do not
+  multiply the cost of watching, and reports a change of a watched group's
+  state or members through ``events.changed``;
+* lists which groups of its own members are preparing a rebalance (one
+  ListGroups per coordinator every ``LIST_INTERVAL``, whose cost does not
+  grow with the groups) and makes those members rejoin at once, rather than
+  at their next heartbeat;
 * derives the session state. SUSPENDED: the last probe failed or is overdue.
   LOST: a member was dropped by the broker, a joined member's last heartbeat
-  is older than ``session_timeout``, or no probe succeeded for
+  is older than ``session_timeout`` (checked as the member is driven), or no probe succeeded for
   ``session_timeout`` (the broker may have dropped everything). On LOST the
   host tears down every member; CONNECTED follows once a probe succeeds and
   the host confirms the old members are recorded as departed and gone from
@@ -46,11 +51,15 @@ from consensus_backends.kafka.settings import Settings
 log = logging.getLogger("consensus_api.kafka")
 
 TICK = 0.05
-PREPARING = "PreparingRebalance"
 WATCH_INTERVAL = 0.1
 MEMBERS_PER_WATCH = 100
-#: The longest heartbeat interval: heartbeats tell a member of a rebalance at least this often anyway.
+#: How often the groups of the session's own members are checked for a rebalance (ListGroups).
+LIST_INTERVAL = 0.05
+#: The longest interval between two descriptions of the watched groups.
 MAX_WATCH_INTERVAL = 1.0
+#: Every member is driven at least this often (kafka-python wants a poll well within
+#: ``max_poll_interval``, at least 30 s here); a tenth of the session timeout if that is shorter.
+SWEEP = 1.0
 
 
 class Host(Protocol):
@@ -114,8 +123,14 @@ class Driver:
         self._fingerprints: dict[str, object] = {}
         self._describe: Any = None
         self._described_at = 0.0
-        self._describe_sent = 0.0
         self._watch_interval = WATCH_INTERVAL
+        self._listing: Any = None  # a Channel.rebalancing_async in flight
+        self._listing_sent = 0.0
+        self._sweep = min(SWEEP, settings.session_timeout / 10)
+        self._swept_at = 0.0
+        self._busy: set[Member] = set()  # driven every tick: work under way, or woken
+        self._woken: set[Member] = set()
+        self._kicked = False
         self._thread = threading.Thread(target=self._run, name="consensus-kafka-driver", daemon=True)
 
     def start(self) -> None:
@@ -130,9 +145,12 @@ class Driver:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
-    def wake(self) -> None:
-        """Tick now (any thread, never blocks)."""
+    def wake(self, member: Member | None = None) -> None:
+        """Tick now, driving ``member`` if given (any thread, never blocks)."""
         with self._wakeup:
+            if member is not None:
+                self._woken.add(member)
+            self._kicked = True
             self._wakeup.notify()
 
     def watch(self, group_id: str, target: Target) -> None:
@@ -151,7 +169,9 @@ class Driver:
             with self._wakeup:
                 if self._stopping:
                     return
-                self._wakeup.wait(TICK)
+                if not self._kicked:  # a wake during the last tick (e.g. from it) is not lost
+                    self._wakeup.wait(TICK)
+                self._kicked = False
                 if self._stopping:
                     return
             try:
@@ -161,11 +181,23 @@ class Driver:
 
     def _tick(self, now: float) -> None:
         members = self._host.members()
-        for member in members:
-            member.drive()
+        with self._wakeup:
+            woken, self._woken = self._woken, set()
+        if now - self._swept_at >= self._sweep:
+            self._swept_at = now
+            driven = members
+        else:
+            driven = list(self._busy | woken)
+        self._busy = {member for member in driven if member.drive()}
         self._probe_step(now)
         self._watch_step(now, members)
-        self._state_step(now, members)
+        self._state_step(now, driven)
+
+    def _start(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function`` started on the channel's IO thread; the driver ticks as soon as it is done."""
+        future = self._channel.start(function, *args)
+        future.add_both(lambda _: self.wake())
+        return future
 
     def _probe_step(self, now: float) -> None:
         probe = self._probe
@@ -185,9 +217,9 @@ class Driver:
                 self._failing = True  # SUSPENDED until the newer leader answers a probe
         if self._probe is None and now - self._probe_started >= self._probe_interval:
             self._probe_started = now
-            self._probe = self._channel.start(self._channel.probe)
+            self._probe = self._start(self._channel.probe)
             if self._check is None:
-                self._check = self._channel.start(self._channel.leader_deposed)
+                self._check = self._start(self._channel.leader_deposed)
 
     def _watch_step(self, now: float, members: list[Member]) -> None:
         with self._wakeup:
@@ -197,22 +229,24 @@ class Driver:
             self._describe = None
             if done.exception is None:
                 self._compare(watched, done.value)
-                self._notice_rebalances(members, done.value)
                 described = sum(len(view.members) for view in done.value.values())
                 self._watch_interval = min(
                     MAX_WATCH_INTERVAL, max(WATCH_INTERVAL, WATCH_INTERVAL * described / MEMBERS_PER_WATCH)
                 )
-        groups = set(watched) | {member.group_id for member in members}
-        if self._describe is None and groups and now - self._described_at >= self._watch_interval:
+        if self._describe is None and watched and now - self._described_at >= self._watch_interval:
             self._described_at = now
-            self._describe_sent = now
-            self._describe = self._channel.start(self._channel.describe_async, sorted(groups))
-
-    def _notice_rebalances(self, members: list[Member], views: dict[str, GroupView]) -> None:
-        for member in members:
-            view = views.get(member.group_id)
-            if view is not None and view.state == PREPARING:
-                member.rebalance_seen(self._describe_sent)
+            self._describe = self._start(self._channel.describe_async, sorted(watched))
+        listing = self._listing
+        if listing is not None and listing.is_done:
+            self._listing = None
+            if listing.exception is None:
+                for member in members:
+                    if member.group_id in listing.value:
+                        member.rebalance_seen(self._listing_sent)
+        groups = {member.group_id for member in members}
+        if self._listing is None and groups and now - self._listing_sent >= LIST_INTERVAL:
+            self._listing_sent = now
+            self._listing = self._start(self._channel.rebalancing_async, sorted(groups))
 
     def _compare(self, watched: dict[str, Target], views: dict[str, GroupView]) -> None:
         for group_id, view in views.items():

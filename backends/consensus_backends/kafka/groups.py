@@ -35,6 +35,7 @@ from consensus_backends.kafka.channel import Channel
 from consensus_backends.kafka.commandlog import CommandLog
 from consensus_backends.kafka.departures import Departures
 from consensus_backends.kafka.errors import timeout_error, translate
+from consensus_backends.kafka.loop import Selector
 from consensus_backends.kafka.member import Member, Slot, start_member
 from consensus_backends.kafka.protocol import ENTRY_SEP, Assignment, LeaseView
 from consensus_backends.kafka.records import Command, Op
@@ -77,6 +78,7 @@ class Groups:
         self._rosters = Rosters(settings, channel, state)
         self._departures = Departures(log_, channel)
         self._retired: set[Leadership] = set()
+        self._net = Selector(settings)  # the IO thread of every member and candidate
         self._tearing_down = False
         self._cleaning = False
         self.driver: Driver | None = None
@@ -148,12 +150,13 @@ class Groups:
         return lease.term, lease.member if lease.leader is not None else None
 
     def close(self) -> None:
-        """Vacate held leases and leave every group."""
+        """Vacate held leases, leave every group and stop the members' IO thread."""
         with self._lock:
             doomed = _distinct(self._members.values())
             self._members.clear()
             self._shared.clear()
         self._stop(doomed, time.monotonic() + min(self._settings.request_timeout, 2.0))
+        self._net.shut(1.0)
 
     # Driver host
 
@@ -191,11 +194,11 @@ class Groups:
         self._worker.submit(lambda: self._on_assignment(member, assignment, sent))
 
     def lost(self, member: Member) -> None:
-        self.wake()
+        self.wake(member)
 
-    def wake(self) -> None:
+    def wake(self, member: Member | None = None) -> None:
         if self.driver is not None:
-            self.driver.wake()
+            self.driver.wake(member)
 
     # Internals
 
@@ -234,6 +237,8 @@ class Groups:
                 data=data,
                 hooks=self,
                 lease_view=lease_view,
+                net=self._net,
+                heartbeat_ms=self._settings.member_heartbeat_ms,
             ),
             self._channel,
             deadline,
@@ -248,7 +253,7 @@ class Groups:
         if taken:
             member.stop(self._channel, deadline)
             raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
-        self.wake()
+        self.wake(member)
         return self._await(key, member, member.first, deadline)
 
     def _await(self, key: Key, member: Member, slot: Slot, deadline: float) -> bool:
@@ -299,7 +304,7 @@ class Groups:
 
     def _rejoin(self, member: Member) -> None:
         member.rejoin_at = time.monotonic()
-        self.wake()
+        self.wake(member)
 
     def _stop(self, doomed: list[Member], deadline: float) -> ConsensusError | None:
         """Vacate leases, record the departures, then leave; the error if the record failed."""
@@ -375,7 +380,7 @@ class Groups:
             member.first.settle(True)
         else:
             member.rejoin_at = time.monotonic() + CLAIM_RETRY
-            self.wake()
+            self.wake(member)
 
     def _claim(self, member: Member, assignment: Assignment) -> bool:
         deadline = time.monotonic() + self._settings.request_timeout

@@ -4,7 +4,9 @@ Each candidate, and each session's members of one group together (one
 :class:`Slot` each, see :mod:`consensus_backends.kafka.protocol`), are a Kafka
 group member with its own connection: a JoinGroup the broker parks during a
 rebalance blocks its connection, and must not hold up another member's
-heartbeats. The driver
+heartbeats. The members of one session share one IO thread (a
+:class:`Selector` passed as ``net``; a member without one has its own), so a
+session costs one thread however many groups it is in. The driver
 thread (:mod:`consensus_backends.kafka.driver`) calls :meth:`Member.drive` every tick,
 which starts ``ensure_active_group`` on the IO thread when a (re)join is due
 and polls the heartbeat; the hooks kafka-python runs on its IO thread only
@@ -26,11 +28,13 @@ from typing import Any, Protocol, TypeVar
 import kafka.errors as kerrors
 from kafka.coordinator.base import BaseCoordinator
 from kafka.net.compat import KafkaNetClient
+from kafka.net.selector import NetworkSelector
 from kafka.protocol.consumer import UNKNOWN_MEMBER_ID
 from kafka.structs import MemberState
 
 from consensus_backends.kafka.channel import Channel
 from consensus_backends.kafka.errors import translate
+from consensus_backends.kafka.loop import Manager, Selector
 from consensus_backends.kafka.protocol import (
     ELECTION_TYPE,
     GROUP_TYPE,
@@ -85,8 +89,8 @@ class Hooks(Protocol):
     def lost(self, member: Member) -> None:
         """The broker dropped ``member``."""
 
-    def wake(self) -> None:
-        """The driver should tick now."""
+    def wake(self, member: Member) -> None:
+        """The driver should drive ``member`` now."""
 
 
 class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
@@ -104,14 +108,19 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         hooks: Hooks,
         lease_view: Callable[[], LeaseView] | None = None,
         group_instance_id: str | None = None,
+        net: Selector | None = None,
+        heartbeat_ms: int | None = None,
     ) -> None:
-        self.client = KafkaNetClient(**settings.client())
+        configs = settings.client()
+        self._own_net = net is None
+        selector = NetworkSelector(**configs) if net is None else net
+        self.client = KafkaNetClient(net=selector, manager=Manager(selector, **configs), **configs)
         super().__init__(
             self.client,
             group_id=group_id,
             group_instance_id=group_instance_id,
             session_timeout_ms=settings.session_ms,
-            heartbeat_interval_ms=settings.heartbeat_ms,
+            heartbeat_interval_ms=heartbeat_ms or settings.heartbeat_ms,
             max_poll_interval_ms=settings.rebalance_ms,
             request_timeout_ms=int(settings.request_timeout * 1000),
             retry_backoff_ms=50,
@@ -137,8 +146,9 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         self._heartbeat_dead = False
 
     def start(self, deadline: float) -> None:
-        """Start the member's IO thread and bootstrap its connection."""
-        self.client._net.start()
+        """Start the member's IO thread (unless it shares one) and bootstrap its connection."""
+        if self._own_net:
+            self.client._net.start()
         self._manager.bootstrap(max(1, int((deadline - time.monotonic()) * 1000)))
 
     @property
@@ -182,10 +192,12 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
                 del self._slots[slot.id]
             return len(self._slots)
 
-    def drive(self) -> None:
-        """One driver tick: start a (re)join when due, poll the heartbeat. Never blocks."""
+    def drive(self) -> bool:
+        """One driver tick: start a (re)join when due, poll the heartbeat. Never blocks. True while
+        the member has work under way (a join, or a rejoin it waits for): drive it again next tick;
+        otherwise once a second is enough, or when it asks (:meth:`Hooks.wake`)."""
         if self.stopping or self.lost or self.fatal is not None:
-            return
+            return False
         done = self._ensure
         if done is not None and done.is_done:
             self._ensure = None
@@ -194,7 +206,7 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
                 self.fatal = done.exception
                 for slot in self.slots():
                     slot.settle(done.exception)
-                return
+                return False
         if self.rejoin_at is not None and time.monotonic() >= self.rejoin_at:
             self.rejoin_at = None
             self.request_rejoin()
@@ -202,11 +214,13 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         if self._ensure is None and due:
             self._heartbeat_dead = False
             self._ensure = self._manager.call_soon(self.ensure_active_group_async, ENSURE_MS)
+            self._ensure.add_both(lambda _: self._hooks.wake(self))
         try:
             self.poll_heartbeat()
         except Exception as exc:
             log.debug("heartbeat loop of %s ended (%s); restarting", self.group_id, type(exc).__name__)
             self._heartbeat_dead = True
+        return self._ensure is not None or self.rejoin_at is not None or self._heartbeat_dead
 
     def rebalance_seen(self, since: float) -> None:
         """A description sent at ``since`` found the group rebalancing: rejoin now, not at the next
@@ -232,11 +246,25 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         except Exception as exc:
             log.info("could not leave Kafka group %s (%s)", self.group_id, type(exc).__name__)
         finally:
-            heartbeat = self._heartbeat_loop_future
-            while heartbeat is not None and not heartbeat.is_done and time.monotonic() < deadline:
-                time.sleep(0.01)  # let the closed heartbeat loop end before its IO thread stops
-            self.client.close()
+            if self._own_net:
+                heartbeat = self._heartbeat_loop_future
+                while heartbeat is not None and not heartbeat.is_done and time.monotonic() < deadline:
+                    time.sleep(0.01)  # let the closed heartbeat loop end before its IO thread stops
+                self.client.close()
+            else:  # on the IO thread, which runs on for the other members; the heartbeat loop ends
+                self._close_on_io_thread(deadline)
         return left
+
+    def _close_on_io_thread(self, deadline: float) -> None:
+        """Close the member's connections on the shared IO thread (waiting at most until
+        ``deadline``): their sockets are registered with its selector."""
+        closed = threading.Event()
+        try:
+            future = self._manager.call_soon(self._manager.close)
+        except RuntimeError:  # the selector is closed, and the connections with it
+            return
+        future.add_both(lambda _: closed.set())
+        closed.wait(max(0.0, deadline - time.monotonic()))
 
     # BaseCoordinator's hooks (run on the IO thread)
 
@@ -289,11 +317,16 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
 
     def request_rejoin(self) -> None:
         super().request_rejoin()
-        self._hooks.wake()
+        self._hooks.wake(self)
+
+    def coordinator_dead(self, error: Any) -> None:
+        super().coordinator_dead(error)
+        self._hooks.wake(self)
 
     def reset_generation(self, member_id: str = UNKNOWN_MEMBER_ID) -> None:
         joined = self._since >= 0
         super().reset_generation(member_id)
+        self._hooks.wake(self)
         if member_id == UNKNOWN_MEMBER_ID and joined and not (self.stopping or self.lost):
             self.lost = True
             self._hooks.lost(self)

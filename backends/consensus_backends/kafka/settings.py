@@ -60,7 +60,11 @@ class Settings:
     bootstrap: str
     prefix: str
     session_ms: int
+    #: The heartbeat interval of a Coordinator's Kafka member (which learns of rebalances from it).
     heartbeat_ms: int
+    #: The heartbeat interval of members and candidates: a third of the session timeout (Kafka's
+    #: advice), at most 3 s; they learn of rebalances from the driver's listing, not from it.
+    member_heartbeat_ms: int
     rebalance_ms: int
     request_timeout: float
     connect_timeout: float
@@ -112,6 +116,7 @@ def build(url: BackendURL, options: Options) -> Settings:
         prefix=prefix,
         session_ms=session_ms,
         heartbeat_ms=heartbeat_ms,
+        member_heartbeat_ms=max(heartbeat_ms, min(3000, session_ms // 3)),
         rebalance_ms=max(30_000, 3 * session_ms),
         request_timeout=options.request_timeout,
         connect_timeout=options.connect_timeout,
