@@ -92,6 +92,19 @@ def test_an_overlap_is_fenced_when_the_earlier_holder_was_told_late_or_paused() 
     assert paused.check() == ([], {"L": 1})
 
 
+def test_an_older_grant_returned_late_to_a_faulted_client_is_a_fenced_overlap() -> None:
+    """A lower token returned after a higher one, to a client whose session the nemesis expired inside
+    its acquire: its grant came first and was deposed; without the fault it is a violation."""
+    for faulted in (True, False):
+        history = History()
+        history.hold(0, 0.5, 2.0, 3, token=32)
+        if faulted:
+            history.nemesis(1.0, 1.1, "expire-session", 1)
+        history.hold(1, 0.2, 2.1, 4, token=31)
+        expected = ([], {"L": 1}) if faulted else ([("locks", "violation")], {})
+        assert history.check() == expected
+
+
 def test_a_killed_holder_stops_holding_at_the_kill() -> None:
     history = History()
     history.hold(0, 0, 1, None, token=5)

@@ -10,7 +10,9 @@ or the end of the run. Per lock it reports a violation for
   one of the two leases was exclusive - unless the earlier holder was fenced:
   it learnt of its loss only later (its hold ended with ``lost``, or it let go
   first and was told within ``RESUME_SLACK_NS`` of the overlap), or the
-  nemesis had paused it or expired its session then. Such a fenced overlap is
+  nemesis had paused it or expired its session then; or the later one was: its
+  token is the lower one and the nemesis paused or expired its client inside
+  its acquire, so its grant came first and was returned late. Such a fenced overlap is
   what the lock allows (a lock lives as long as its holder's session; fencing
   tokens protect what it guards) and is counted, not a violation;
 * **tokens out of order**: a lease's token is not above the token of a lease
@@ -201,7 +203,15 @@ def _overlaps(held: list[Hold], windows: per_run.Windows, t0: int) -> tuple[list
             if later.holder == earlier.holder or not (earlier.exclusive or later.exclusive):
                 continue
             told_late = earlier.told is not None and earlier.told <= later.start + per_run.RESUME_SLACK_NS
-            if earlier.lost or told_late or per_run.faulted(windows, earlier.slot, later.start):
+            returned_late = later.token < earlier.token and per_run.faulted_between(
+                windows, later.slot, later.call, later.start
+            )
+            if (
+                earlier.lost
+                or told_late
+                or returned_late
+                or per_run.faulted(windows, earlier.slot, later.start)
+            ):
                 fenced.append((later.start if earlier.end is None else earlier.end) - later.start)
                 continue
             until = "the end" if earlier.end is None else f"+{(earlier.end - t0) / 1e9:.3f}s"

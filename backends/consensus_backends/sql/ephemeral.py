@@ -163,10 +163,16 @@ def _lock_service(conn: Connection, t: Tables, service: str) -> None:
 
 
 def _elect(conn: Connection, t: Tables, service: str) -> Leadership | None:
-    """Make the first live candidate the leader, with a new term if the leader changed."""
-    c, lc = t.candidates.c, t.leaders.c
+    """Make the first live candidate the leader, with a new term if the leader changed.
+
+    Live: its session's lease is unexpired by the database clock. A candidate whose lease expired
+    is never made leader, though it stays queued until the lease is reaped (``reap_expired``, which
+    elects again): it was dead already, and a lock granted to it would be granted to nobody.
+    """
+    c, lc, s = t.candidates.c, t.leaders.c, t.sessions.c
+    live = and_(c.service == service, s.id == c.session_id, s.expires_at >= db_now(conn.dialect.name))
     first = conn.execute(
-        select(c.id, c.candidate_id, c.session_id).where(c.service == service).order_by(c.id).limit(1)
+        select(c.id, c.candidate_id, c.session_id).where(live).order_by(c.id).limit(1)
     ).first()
     current = conn.execute(select(lc.candidate, lc.leader_id, lc.term).where(lc.service == service)).one()
     new_candidate = first.id if first is not None else None
