@@ -15,7 +15,7 @@ import ssl
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -280,18 +280,12 @@ class Channel:
 
     async def describe_async(self, group_ids: list[str]) -> dict[str, GroupView]:
         """``describe`` as a coroutine for the IO thread."""
-        by_node: defaultdict[str, list[str]] = defaultdict(list)
-        for group_id in group_ids:
-            by_node[await self._coordinator(group_id)].append(group_id)
         views: dict[str, GroupView] = {}
-        for node, groups in by_node.items():
-            request = DescribeGroupsRequest(groups=groups, include_authorized_operations=False)
-            try:
-                response = await self._manager.send(request, node_id=node)
-            except kerrors.KafkaError:
-                for group_id in groups:
-                    self._forget(group_id)
-                raise
+
+        def request(groups: list[str]) -> Any:
+            return DescribeGroupsRequest(groups=groups, include_authorized_operations=False)
+
+        async for response in self._per_coordinator(group_ids, request):
             for group in response.groups:
                 views[group.group_id] = self._view(group)
         return views
@@ -300,23 +294,31 @@ class Channel:
         """Which of ``group_ids`` are preparing a rebalance: one ListGroups filtered by that state
         per coordinator, which carries no member metadata, so its cost does not grow with the
         groups' size (DescribeGroups' does). Needs ListGroups v4 (Kafka 2.6)."""
-        by_node: defaultdict[str, list[str]] = defaultdict(list)
-        for group_id in group_ids:
-            by_node[await self._coordinator(group_id)].append(group_id)
         wanted, found = set(group_ids), set[str]()
-        for node, groups in by_node.items():
-            request = ListGroupsRequest(states_filter=[PREPARING], types_filter=[])
-            try:
-                response = await self._manager.send(request, node_id=node)
-            except kerrors.KafkaError:
-                for group_id in groups:
-                    self._forget(group_id)
-                raise
+        request = ListGroupsRequest(states_filter=[PREPARING], types_filter=[])
+        async for response in self._per_coordinator(group_ids, lambda _: request):
             error = kerrors.for_code(response.error_code)
             if error is not kerrors.NoError:
                 raise error("listing rebalancing groups")
             found.update(g.group_id for g in response.groups if g.group_id in wanted)
         return found
+
+    async def _per_coordinator(
+        self, group_ids: list[str], request: Callable[[list[str]], Any]
+    ) -> AsyncIterator[Any]:
+        """The response of each coordinator of ``group_ids`` to ``request(its groups)``; a failed
+        send forgets those groups' coordinator (asked again next time) and raises."""
+        by_node: defaultdict[str, list[str]] = defaultdict(list)
+        for group_id in group_ids:
+            by_node[await self._coordinator(group_id)].append(group_id)
+        for node, groups in by_node.items():
+            try:
+                response = await self._manager.send(request(groups), node_id=node)
+            except kerrors.KafkaError:
+                for group_id in groups:
+                    self._forget(group_id)
+                raise
+            yield response
 
     def _view(self, group: Any) -> GroupView:
         error = kerrors.for_code(group.error_code)
