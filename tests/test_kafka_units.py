@@ -127,9 +127,32 @@ def test_one_kafka_member_carries_many_entries() -> None:
     assert verdicts["k2"] is not None and verdicts["k2"].accepted and verdicts["k2"].rejected == {"9"}
     view = GroupView("Stable", GROUP_TYPE, {"k1": (raw_first, raw["k1"]), "k2": (second, raw["k2"])})
     roster = Roster.of("g", view)
-    present = roster.present({"k1", "k2"}, frozenset({"k1#7"}))
+    present = roster.present("", {"k1", "k2"}, frozenset({"k1#7"}))
     assert len(present) == 1000 and "m7" not in present and present["new"] == b""
     assert present["m5"] == b"d5"
+    assert roster.present("other", {"k1", "k2"}) == {}
+
+
+def test_one_kafka_member_carries_the_members_of_many_groups() -> None:
+    """Entries of every group share one Kafka member: ids are unique per group (one id in two groups
+    is no duplicate), the roster answers for one group only, and a group's name is sent once."""
+    first = [Entry(f"m{i % 5}", str(i), since=2, at=float(i), group=f"g{i // 5}") for i in range(500)]
+    raw_first = encode_metadata(Metadata(tuple(first), 0.0))
+    assert raw_first.count(b'"g7"') == 1
+    decoded = decode_metadata(raw_first)
+    assert decoded is not None and decoded.entries == tuple(first)
+    second = encode_metadata(
+        Metadata((Entry("m1", "a", at=0.0, group="g3"), Entry("m1", "b", at=0.0, group="new")), 1.0)
+    )
+    raw = assign(3, [("k1", raw_first), ("k2", second)], (0, None), election=False)
+    verdicts = {kid: decode_assignment(value) for kid, value in raw.items()}
+    assert verdicts["k1"] is not None and not verdicts["k1"].rejected
+    assert verdicts["k2"] is not None and verdicts["k2"].accepted and verdicts["k2"].rejected == {"a"}
+    view = GroupView("Stable", GROUP_TYPE, {"k1": (raw_first, raw["k1"]), "k2": (second, raw["k2"])})
+    roster = Roster.of("members", view)
+    assert roster.present("g3", {"k1", "k2"}) == {f"m{i}": b"" for i in range(5)}
+    assert roster.present("new", {"k1", "k2"}) == {"m1": b""}
+    assert roster.tokens("g3", {"k1", "k2"}, frozenset({"k1#16"})) == {f"k1#{i}" for i in (15, 17, 18, 19)}
 
 
 @pytest.mark.parametrize(

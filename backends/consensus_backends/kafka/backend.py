@@ -232,13 +232,13 @@ class KafkaBackend(Backend):
             self._watched.discard(target)
         group_id = self._group_of(target)
         if group_id is not None and self._driver is not None:
-            self._driver.unwatch(group_id)
+            self._driver.unwatch(target)
 
     def _group_of(self, target: Target) -> str | None:
         if self._kafka is None:
             return None
         if target.kind is TargetKind.GROUP:
-            return self._kafka.group_id(target.name)
+            return self._kafka.members_group
         if target.kind is TargetKind.ELECTION:
             return self._kafka.election_id(target.name)
         return None

@@ -92,7 +92,7 @@ class _Hooks:
     def __init__(self, host: EngineHost) -> None:
         self._host = host
 
-    def assigned(self, member: Member, assignment: Assignment | None, sent: dict[str, str]) -> None:
+    def assigned(self, member: Member, assignment: Assignment | None, sent: frozenset[str]) -> None:
         """Unused: joins complete through ``_on_join_complete_async``."""
 
     def lost(self, member: Member) -> None:

@@ -12,11 +12,13 @@ Every ``TICK`` seconds (or at once when woken) the driver
   which leader (by leader epoch) the log has: a partitioned leader goes on
   answering ListOffsets, so a newer leader elsewhere fails the probe once
   (SUSPENDED) and the probe moves to it (``Channel.leader_deposed``);
-* describes every watched group every ``WATCH_INTERVAL`` while they hold at
+* describes every watched group (the membership group once for all its
+  watched groups) every ``WATCH_INTERVAL`` while they hold at
   most ``MEMBERS_PER_WATCH`` members in all, proportionally less often above
   that (at most ``MAX_WATCH_INTERVAL`` apart), so that big groups do not
-  multiply the cost of watching, and reports a change of a watched group's
-  state or members through ``events.changed``;
+  multiply the cost of watching, and reports a target through
+  ``events.changed`` when what a read of it would answer may have changed
+  (:meth:`Host.fingerprint`);
 * lists which groups of its own members are preparing a rebalance (one
   ListGroups per coordinator every ``LIST_INTERVAL``, whose cost does not
   grow with the groups) and makes those members rejoin at once, rather than
@@ -75,6 +77,9 @@ class Host(Protocol):
         """True once every member the session gave up is recorded as departed and gone from its
         group; starts that work (on the worker) if it is pending."""
 
+    def fingerprint(self, target: Target, view: GroupView) -> object:
+        """A value that changes whenever a read of ``target`` from ``view`` may answer differently."""
+
 
 class Worker:
     """One thread running submitted tasks in order; a task that raises is logged."""
@@ -119,8 +124,8 @@ class Driver:
         self._probe_started = 0.0
         self._last_ok = time.monotonic()
         self._failing = False
-        self._watched: dict[str, Target] = {}
-        self._fingerprints: dict[str, object] = {}
+        self._watched: dict[Target, str] = {}  # target -> the Kafka group it is read from
+        self._fingerprints: dict[Target, object] = {}
         self._describe: Any = None
         self._described_at = 0.0
         self._watch_interval = WATCH_INTERVAL
@@ -154,15 +159,15 @@ class Driver:
             self._wakeup.notify()
 
     def watch(self, group_id: str, target: Target) -> None:
-        """Report changes of the group ``group_id`` as changes of ``target``."""
+        """Report changes of ``target``, read from the Kafka group ``group_id``."""
         with self._wakeup:
-            self._watched[group_id] = target
+            self._watched[target] = group_id
 
-    def unwatch(self, group_id: str) -> None:
-        """Stop watching the group ``group_id``."""
+    def unwatch(self, target: Target) -> None:
+        """Stop watching ``target``."""
         with self._wakeup:
-            self._watched.pop(group_id, None)
-            self._fingerprints.pop(group_id, None)
+            self._watched.pop(target, None)
+            self._fingerprints.pop(target, None)
 
     def _run(self) -> None:
         while True:
@@ -235,7 +240,7 @@ class Driver:
                 )
         if self._describe is None and watched and now - self._described_at >= self._watch_interval:
             self._described_at = now
-            self._describe = self._start(self._channel.describe_async, sorted(watched))
+            self._describe = self._start(self._channel.describe_async, sorted(set(watched.values())))
         listing = self._listing
         if listing is not None and listing.is_done:
             self._listing = None
@@ -248,18 +253,16 @@ class Driver:
             self._listing_sent = now
             self._listing = self._start(self._channel.rebalancing_async, sorted(groups))
 
-    def _compare(self, watched: dict[str, Target], views: dict[str, GroupView]) -> None:
-        for group_id, view in views.items():
-            target = watched.get(group_id)
-            if target is None:
+    def _compare(self, watched: dict[Target, str], views: dict[str, GroupView]) -> None:
+        for target, group_id in watched.items():
+            view = views.get(group_id)
+            if view is None:
                 continue
-            fingerprint = (
-                view.state,
-                frozenset((kid, assignment) for kid, (_, assignment) in view.members.items()),
-            )
+            fingerprint = self._host.fingerprint(target, view)
             with self._wakeup:
-                changed = self._fingerprints.get(group_id) != fingerprint
-                self._fingerprints[group_id] = fingerprint
+                changed = target in self._watched and self._fingerprints.get(target) != fingerprint
+                if changed:
+                    self._fingerprints[target] = fingerprint
             if changed:
                 self._events.changed(target)
 

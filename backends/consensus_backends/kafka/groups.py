@@ -1,9 +1,9 @@
 """Membership and leader election on Kafka groups, and how observers read them.
 
 A candidate is a :class:`Member` of the Kafka group
-``<prefix>.election.<service>``; the members one session joined to a group
-are the slots of one :class:`Member` of ``<prefix>.group.<name>``: a join adds
-a slot and rejoins, a leave records the slot departed (``<Kafka member
+``<prefix>.election.<service>``; the members one session joined to any group
+are the slots of one :class:`Member` of ``<prefix>.members``: a join adds a
+slot and rejoins, a leave records the slot departed (``<Kafka member
 id>#<token>``) and rejoins without it, the last leave leaves the Kafka group.
 Observers read groups through :mod:`consensus_backends.kafka.rosters`; a membership
 read first catches up with the log, so a ``leave`` that returned is seen.
@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from consensus_api.backend import Target, TargetKind
 from consensus_api.errors import (
     ConsensusError,
     FencedError,
@@ -31,7 +32,7 @@ from consensus_api.errors import (
     SessionLostError,
 )
 from consensus_api.model import Leadership
-from consensus_backends.kafka.channel import Channel
+from consensus_backends.kafka.channel import Channel, GroupView
 from consensus_backends.kafka.commandlog import CommandLog
 from consensus_backends.kafka.departures import Departures
 from consensus_backends.kafka.errors import timeout_error, translate
@@ -74,7 +75,7 @@ class Groups:
         self._api_version = api_version
         self._lock = threading.Lock()
         self._members: dict[Key, Member] = {}
-        self._shared: dict[str, Member] = {}  # group name -> the Member carrying this session's members
+        self._shared: Member | None = None  # the Member carrying this session's members of every group
         self._rosters = Rosters(settings, channel, state)
         self._departures = Departures(log_, channel)
         self._retired: set[Leadership] = set()
@@ -98,7 +99,7 @@ class Groups:
         """The live members of ``group`` and their data, as of a read after the log's end."""
         deadline = time.monotonic() + self._settings.request_timeout
         self._log.sync(deadline)
-        return dict(self._rosters.entries(self._settings.group_id(group), deadline))
+        return dict(self._rosters.entries(self._settings.members_group, group, deadline))
 
     # Election (docs/spec.md section 7)
 
@@ -154,7 +155,7 @@ class Groups:
         with self._lock:
             doomed = _distinct(self._members.values())
             self._members.clear()
-            self._shared.clear()
+            self._shared = None
         self._stop(doomed, time.monotonic() + min(self._settings.request_timeout, 2.0))
         self._net.shut(1.0)
 
@@ -168,7 +169,7 @@ class Groups:
         with self._lock:
             doomed = _distinct(self._members.values())
             self._members.clear()
-            self._shared.clear()
+            self._shared = None
             self._tearing_down = True
         for member in doomed:
             member.stopping = True
@@ -190,7 +191,13 @@ class Groups:
 
     # Member hooks (IO thread: never block)
 
-    def assigned(self, member: Member, assignment: Assignment | None, sent: dict[str, str]) -> None:
+    def fingerprint(self, target: Target, view: GroupView) -> object:
+        """What changes whenever a read of ``target`` from ``view`` may answer differently."""
+        if target.kind is TargetKind.GROUP:
+            return self._rosters.fingerprint(self._settings.members_group, target.name, view)
+        return view.state, frozenset((kid, assignment) for kid, (_, assignment) in view.members.items())
+
+    def assigned(self, member: Member, assignment: Assignment | None, sent: frozenset[str]) -> None:
         self._worker.submit(lambda: self._on_assignment(member, assignment, sent))
 
     def lost(self, member: Member) -> None:
@@ -206,14 +213,14 @@ class Groups:
         kind = "candidate" if election else "member"
         key = (election, name, own_id)
         deadline = time.monotonic() + self._settings.request_timeout
-        group_id = self._settings.election_id(name) if election else self._settings.group_id(name)
+        group_id = self._settings.election_id(name) if election else self._settings.members_group
         with self._lock:
             taken = key in self._members
-            shared = None if election else self._shared.get(name)
+            shared = None if election else self._shared
         if taken:
             raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
         if shared is not None and shared.fatal is None and self._healthy(shared):
-            slot = shared.add(own_id, data)
+            slot = shared.add(name, own_id, data)
             with self._lock:
                 taken = slot is None or key in self._members
                 if not taken:
@@ -223,7 +230,7 @@ class Groups:
             self._rejoin(shared)
             return self._await(key, shared, slot, deadline)
         # An early answer for a member already seen; the group leader rejects any later duplicate.
-        known = self._rosters.entries(group_id, deadline, settle=False)
+        known = self._rosters.entries(group_id, name, deadline, settle=False)
         if own_id in {i for i, _ in known}:
             raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
         lease_view = (lambda: self.lease_view(name)) if election else None
@@ -249,7 +256,7 @@ class Groups:
             if not taken:
                 self._members[key] = member
                 if not election:
-                    self._shared[name] = member
+                    self._shared = member
         if taken:
             member.stop(self._channel, deadline)
             raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
@@ -281,7 +288,7 @@ class Groups:
         if member is None:
             kind = "candidate" if key[0] else "member"
             raise NotAMemberError(f"this session has no {kind} {key[2]!r} in {key[1]!r}")
-        slot = member.slot(key[2])
+        slot = member.slot(key[1], key[2])
         error = self._release(member, slot, time.monotonic() + self._settings.request_timeout)
         if error is not None:
             raise error
@@ -291,8 +298,8 @@ class Groups:
         of the slot recorded and a rejoin without it; the error if the record failed."""
         if slot is None or member.drop(slot) == 0:
             with self._lock:
-                if self._shared.get(member.name) is member and not member.election:
-                    del self._shared[member.name]
+                if self._shared is member:
+                    self._shared = None
             return self._stop([member], deadline)
         kafka_id = member.kafka_id
         error = None
@@ -350,7 +357,7 @@ class Groups:
     def _healthy(self, member: Member) -> bool:
         return not (member.stopping or member.lost or member.overdue(self._settings.session_timeout))
 
-    def _on_assignment(self, member: Member, assignment: Assignment | None, sent: dict[str, str]) -> None:
+    def _on_assignment(self, member: Member, assignment: Assignment | None, sent: frozenset[str]) -> None:
         if member.stopping or member.lost:
             return
         kind = "candidate" if member.election else "member"
@@ -358,12 +365,12 @@ class Groups:
         for slot in member.slots():
             if slot.settled.is_set():
                 continue
-            if sent.get(slot.id) != slot.token:
+            if slot.token not in sent:
                 unsent = True  # added after this JoinGroup went out: the next one names it
             elif assignment is None:
                 slot.settle(ConsensusError(f"unreadable assignment in {member.group_id!r}"))
             elif not assignment.accepted or slot.token in assignment.rejected:
-                slot.settle(MemberExistsError(f"a live {kind} {slot.id!r} is already in {member.name!r}"))
+                slot.settle(MemberExistsError(f"a live {kind} {slot.id!r} is already in {slot.group!r}"))
             elif not member.election:
                 slot.settle(True)
         if unsent:
@@ -399,5 +406,5 @@ class Groups:
 
 
 def _distinct(members: Iterable[Member]) -> list[Member]:
-    """``members`` without repeats (one Member carries all of a session's members of a group)."""
+    """``members`` without repeats (one Member carries all of a session's members)."""
     return list({id(member): member for member in members}.values())

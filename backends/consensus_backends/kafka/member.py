@@ -1,6 +1,6 @@
 """One group member on the real Kafka group protocol (a ``BaseCoordinator``).
 
-Each candidate, and each session's members of one group together (one
+Each candidate, and each session's members of every group together (one
 :class:`Slot` each, see :mod:`consensus_backends.kafka.protocol`), are a Kafka
 group member with its own connection: a JoinGroup the broker parks during a
 rebalance blocks its connection, and must not hold up another member's
@@ -59,7 +59,8 @@ _TOKENS = itertools.count(1)
 class Slot:
     """One member (or candidate) a :class:`Member` carries, and the outcome its join waits for."""
 
-    def __init__(self, member_id: str, data: bytes) -> None:
+    def __init__(self, group: str, member_id: str, data: bytes) -> None:
+        self.group = group
         self.id = member_id
         self.data = data
         self.token = str(next(_TOKENS))
@@ -76,14 +77,14 @@ class Slot:
 
     def entry(self) -> Entry:
         """The slot as its member's metadata names it."""
-        return Entry(self.id, self.token, self.since, self.at, self.data)
+        return Entry(self.id, self.token, self.since, self.at, self.data, self.group)
 
 
 class Hooks(Protocol):
     """What a member reports to its backend; every call returns at once (IO thread)."""
 
-    def assigned(self, member: Member, assignment: Assignment | None, sent: dict[str, str]) -> None:
-        """``member`` completed a join with ``assignment``; ``sent``: id -> token of the slots its
+    def assigned(self, member: Member, assignment: Assignment | None, sent: frozenset[str]) -> None:
+        """``member`` completed a join with ``assignment``; ``sent``: the tokens of the slots its
         JoinGroup named."""
 
     def lost(self, member: Member) -> None:
@@ -136,8 +137,10 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         self.rejoin_at: float | None = None
         self.completed_at = 0.0
         self._slots_lock = threading.Lock()
-        self._slots: dict[str, Slot] = {own_id: Slot(own_id, data)} if own_id else {}
-        self._sent: dict[str, str] = {}
+        self._slots: dict[tuple[str, str], Slot] = (
+            {(name, own_id): Slot(name, own_id, data)} if own_id else {}
+        )
+        self._sent: frozenset[str] = frozenset()
         self._hooks = hooks
         self._lease_view = lease_view
         self._joined_at = time.time() * 1000
@@ -167,29 +170,30 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         """The slot the member was created with (a candidate's only one)."""
         return next(iter(self._slots.values()))
 
-    def slot(self, member_id: str) -> Slot | None:
-        """The slot of ``member_id``, if this member carries it."""
+    def slot(self, group: str, member_id: str) -> Slot | None:
+        """The slot of ``member_id`` in ``group``, if this member carries it."""
         with self._slots_lock:
-            return self._slots.get(member_id)
+            return self._slots.get((group, member_id))
 
     def slots(self) -> list[Slot]:
         """Every slot this member carries."""
         with self._slots_lock:
             return list(self._slots.values())
 
-    def add(self, member_id: str, data: bytes) -> Slot | None:
-        """A new slot for ``member_id``, sent with the next JoinGroup (None if it has one)."""
+    def add(self, group: str, member_id: str, data: bytes) -> Slot | None:
+        """A new slot for ``member_id`` in ``group``, sent with the next JoinGroup (None if it has
+        one)."""
         with self._slots_lock:
-            if member_id in self._slots:
+            if (group, member_id) in self._slots:
                 return None
-            slot = self._slots[member_id] = Slot(member_id, data)
+            slot = self._slots[group, member_id] = Slot(group, member_id, data)
         return slot
 
     def drop(self, slot: Slot) -> int:
         """Stop carrying ``slot``; how many slots remain."""
         with self._slots_lock:
-            if self._slots.get(slot.id) is slot:
-                del self._slots[slot.id]
+            if self._slots.get((slot.group, slot.id)) is slot:
+                del self._slots[slot.group, slot.id]
             return len(self._slots)
 
     def drive(self) -> bool:
@@ -275,7 +279,7 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         last = self.assignment
         with self._slots_lock:
             slots = list(self._slots.values())
-            self._sent = {slot.id: slot.token for slot in slots}
+            self._sent = frozenset(slot.token for slot in slots)
         metadata = Metadata(
             entries=tuple(slot.entry() for slot in slots),
             at=self._joined_at,
@@ -302,11 +306,10 @@ class Member(BaseCoordinator):  # type: ignore[misc]  # kafka-python is untyped
         if assignment is not None and assignment.accepted and self._since < 0:
             self._since = assignment.generation
         with self._slots_lock:
-            sent = dict(self._sent)
+            sent = self._sent
             if assignment is not None and assignment.accepted:
                 for slot in self._slots.values():
-                    named = sent.get(slot.id) == slot.token
-                    if named and slot.since < 0 and slot.token not in assignment.rejected:
+                    if slot.token in sent and slot.since < 0 and slot.token not in assignment.rejected:
                         slot.since = assignment.generation
         self.assignment = assignment
         self.completed_at = time.monotonic()

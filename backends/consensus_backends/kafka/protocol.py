@@ -6,19 +6,21 @@ Membership groups use protocol type ``consensus-group``, elections
 *Metadata* (what a member sends in JoinGroup) is a 4-byte big-endian length,
 a JSON header and the entries' data, concatenated::
 
-    {"e": [[id, token, since, at, data length], ...], "at": join time (ms),
-     "since": generation first accepted in or -1, "seen": last generation
-     assigned or -1, "rank": place in the candidate queue of that generation
-     or -1, "lease": [term, Kafka member id of the lease holder or null]}
+    {"g": [group or service name, ...],
+     "e": [[index into "g", id, token, since, at, data length], ...],
+     "at": join time (ms), "since": generation first accepted in or -1,
+     "seen": last generation assigned or -1, "rank": place in the candidate
+     queue of that generation or -1, "lease": [term, Kafka member id of the
+     lease holder or null]}
 
-One Kafka member carries every member one session joined to one group (an
-*entry* each: member id, a token unique to that join, the generation that
-first accepted it or -1, its join time); a candidate is a Kafka member of
-its own with one entry. A session's join adds an entry to its Kafka member
-of that group and rejoins (one rebalance of the session-level members, not
-of every member), so a group of thousands of members has as many Kafka
-members as sessions joined it, and what the broker stores grows by about
-50 bytes per entry.
+A session's members of *every* group are the entries of one Kafka member of
+the prefix's one membership group (an entry each: its group, member id, a
+token unique to that join, the generation that first accepted it or -1, its
+join time); a candidate is a Kafka member of its service's election group
+with one entry. A session's join adds an entry and rejoins (one rebalance of
+the session-level members, not of every member), so however many groups and
+members there are, the membership group has one Kafka member per session, and
+what the broker stores grows by about 50 bytes per entry.
 
 *Assignment* (what the group leader gives each member) is JSON:
 ``{"gen", "ok": accepted, "leader": Kafka member id or null, "prev": term,
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +72,7 @@ class Entry:
     since: int = -1
     at: float = 0.0
     data: bytes = b""
+    group: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,42 +101,63 @@ class Assignment:
 
 @dataclass(frozen=True, slots=True)
 class Roster:
-    """The accepted entries of a group as of a Stable description, by Kafka member id."""
+    """The accepted entries of a Kafka group as of a Stable description, by group name."""
 
-    entries: dict[str, tuple[Entry, ...]]
+    groups: dict[str, tuple[tuple[str, Entry], ...]]  # name -> (Kafka member id, entry), by member id
     known: frozenset[str]
 
     @classmethod
-    def of(cls, group_id: str, view: GroupView) -> Roster:
+    def of(
+        cls, group_id: str, view: GroupView, decode: Callable[[bytes], Metadata | None] | None = None
+    ) -> Roster:
         """Read a Stable group: each member's metadata names its entries and carries their data, its
-        assignment says which were rejected. ``ConsensusError`` if the group speaks another protocol."""
+        assignment says which were rejected. ``decode`` (e.g. a cache) stands in for
+        :func:`decode_metadata`. ``ConsensusError`` if the group speaks another protocol."""
         if view.protocol_type not in (GROUP_TYPE, ELECTION_TYPE):
             raise ConsensusError(
                 f"Kafka group {group_id!r} belongs to another protocol ({view.protocol_type})"
             )
-        entries: dict[str, tuple[Entry, ...]] = {}
-        for kid, (raw_metadata, raw_assignment) in view.members.items():
+        groups: dict[str, list[tuple[str, Entry]]] = {}
+        for kid, (raw_metadata, raw_assignment) in sorted(view.members.items()):
             assignment = decode_assignment(raw_assignment)
-            metadata = decode_metadata(raw_metadata)
-            if assignment is not None and assignment.accepted and metadata is not None:
-                entries[kid] = tuple(e for e in metadata.entries if e.token not in assignment.rejected)
-        return cls(entries, frozenset(view.members))
+            metadata = (decode or decode_metadata)(raw_metadata)
+            if assignment is None or not assignment.accepted or metadata is None:
+                continue
+            for entry in metadata.entries:
+                if entry.token not in assignment.rejected:
+                    groups.setdefault(entry.group, []).append((kid, entry))
+        return cls({name: tuple(found) for name, found in groups.items()}, frozenset(view.members))
 
-    def present(self, kafka_ids: set[str], departed: frozenset[str] = frozenset()) -> dict[str, bytes]:
-        """Member id -> data of the accepted entries of ``kafka_ids`` not in ``departed``."""
-        return {
-            entry.id: entry.data
-            for kid in sorted(kafka_ids)
-            for entry in self.entries.get(kid, ())
-            if f"{kid}{ENTRY_SEP}{entry.token}" not in departed
-        }
+    def present(
+        self, group: str, kafka_ids: set[str], departed: frozenset[str] = frozenset()
+    ) -> dict[str, bytes]:
+        """Member id -> data of the accepted entries of ``group`` carried by ``kafka_ids``, minus
+        ``departed``."""
+        return {entry.id: entry.data for _, entry in self._live(group, kafka_ids, departed)}
+
+    def tokens(self, group: str, kafka_ids: set[str], departed: frozenset[str]) -> frozenset[str]:
+        """``<Kafka member id>#<token>`` of what :meth:`present` reports: it changes exactly when
+        that answer does (an entry's data never changes)."""
+        return frozenset(
+            f"{kid}{ENTRY_SEP}{entry.token}" for kid, entry in self._live(group, kafka_ids, departed)
+        )
+
+    def _live(self, group: str, kafka_ids: set[str], departed: frozenset[str]) -> list[tuple[str, Entry]]:
+        return [
+            (kid, entry)
+            for kid, entry in self.groups.get(group, ())
+            if kid in kafka_ids and not (departed and f"{kid}{ENTRY_SEP}{entry.token}" in departed)
+        ]
 
 
 def encode_metadata(metadata: Metadata) -> bytes:
     """The JoinGroup metadata bytes."""
+    groups = list(dict.fromkeys(e.group for e in metadata.entries))
+    index = {group: i for i, group in enumerate(groups)}
     header = json.dumps(
         {
-            "e": [[e.id, e.token, e.since, e.at, len(e.data)] for e in metadata.entries],
+            "g": groups,
+            "e": [[index[e.group], e.id, e.token, e.since, e.at, len(e.data)] for e in metadata.entries],
             "at": metadata.at,
             "since": metadata.since,
             "seen": metadata.seen,
@@ -151,13 +175,15 @@ def decode_metadata(raw: bytes) -> Metadata | None:
         (size,) = struct.unpack_from(">I", raw)
         header: Any = json.loads(raw[4 : 4 + size])
         term, holder = header["lease"]
+        groups = [str(group) for group in header["g"]]
         offset = 4 + size
         entries = []
-        for member_id, token, since, at, length in header["e"]:
+        for group, member_id, token, since, at, length in header["e"]:
             end = offset + int(length)
             if end > len(raw):
                 return None
-            entries.append(Entry(str(member_id), str(token), int(since), float(at), bytes(raw[offset:end])))
+            data = bytes(raw[offset:end])
+            entries.append(Entry(str(member_id), str(token), int(since), float(at), data, groups[group]))
             offset = end
         return Metadata(
             entries=tuple(entries),
@@ -167,7 +193,7 @@ def decode_metadata(raw: bytes) -> Metadata | None:
             rank=int(header["rank"]),
             lease=(int(term), None if holder is None else str(holder)),
         )
-    except (struct.error, ValueError, KeyError, TypeError):
+    except (struct.error, ValueError, KeyError, TypeError, IndexError):
         return None
 
 
@@ -212,14 +238,14 @@ def assign(
     """Every member's assignment for ``generation`` (Kafka member id -> bytes)."""
     decoded = {kid: decode_metadata(raw) for kid, raw in members}
     valid = {kid: meta for kid, meta in decoded.items() if meta is not None}
-    winners: dict[str, tuple[str, str]] = {}
+    winners: dict[tuple[str, str], tuple[str, str]] = {}
     rejected: dict[str, set[str]] = {kid: set() for kid in valid}
     ranked = sorted(
         ((kid, entry) for kid, meta in valid.items() for entry in meta.entries),
         key=lambda item: _seniority(*item),
     )
     for kid, entry in ranked:
-        if winners.setdefault(entry.id, (kid, entry.token)) != (kid, entry.token):
+        if winners.setdefault((entry.group, entry.id), (kid, entry.token)) != (kid, entry.token):
             rejected[kid].add(entry.token)
     accepted = {kid for kid, meta in valid.items() if len(rejected[kid]) < len(meta.entries)}
     leader, term, queue = _elect(accepted, valid, own_lease) if election else (None, 0, [])

@@ -1,7 +1,10 @@
 """How a session reads a group's members: DescribeGroups, the last Stable roster, departures.
 
-While the group is Stable every Kafka member's metadata (its entries: id,
-data) and its own assignment (the entries the group leader rejected) are
+A membership group's members are the entries naming it in the prefix's one
+membership group (:mod:`consensus_backends.kafka.protocol`); a candidate is
+the one entry of its Kafka member. While the Kafka group is Stable every
+Kafka member's metadata (its entries: group, id, data) and its own
+assignment (the entries the group leader rejected) are
 visible; during a rebalance only the Kafka member ids are, so the last Stable
 roster is used for members still present, and a reader waits (at most
 ``session_timeout`` plus a second) when a Kafka member it has never seen is
@@ -16,9 +19,10 @@ import time
 
 import kafka.errors as kerrors
 
+from consensus_api.errors import ConsensusError
 from consensus_backends.kafka.channel import GONE, STABLE, Channel, GroupView
 from consensus_backends.kafka.errors import timeout_error, translate
-from consensus_backends.kafka.protocol import Roster
+from consensus_backends.kafka.protocol import Metadata, Roster, decode_metadata
 from consensus_backends.kafka.settings import Settings
 from consensus_backends.kafka.state import StateMachine
 
@@ -34,6 +38,8 @@ class Rosters:
         self._state = state
         self._lock = threading.Lock()
         self._last: dict[str, Roster] = {}
+        self._read: dict[str, tuple[GroupView, Roster]] = {}  # group id -> the last view read, its roster
+        self._decoded: dict[str, dict[bytes, Metadata | None]] = {}  # group id -> its members' metadata
 
     def describe(self, group_id: str, deadline: float) -> GroupView:
         """One DescribeGroups answer for ``group_id``; Kafka errors as consensus_api errors."""
@@ -42,8 +48,11 @@ class Rosters:
         except kerrors.KafkaError as exc:
             raise translate(exc, f"describing group {group_id!r}") from None
 
-    def entries(self, group_id: str, deadline: float, *, settle: bool = True) -> list[tuple[str, bytes]]:
-        """(id, data) of the accepted members. While members never seen in a Stable roster are joining,
+    def entries(
+        self, group_id: str, name: str, deadline: float, *, settle: bool = True
+    ) -> list[tuple[str, bytes]]:
+        """(id, data) of the accepted members of ``name`` (a group, or a service) in the Kafka group
+        ``group_id``. While Kafka members never seen in a Stable roster are joining,
         wait (at most ``session_timeout`` plus a second) for the rebalance to end if ``settle``, else
         answer at once from the last Stable roster this session saw. Departed members are left out."""
         settle_within = (
@@ -57,17 +66,59 @@ class Rosters:
             departed = self._state.departed(group_id)
             present = set(view.members) - departed
             if view.state == STABLE:
-                roster = Roster.of(group_id, view)
-                with self._lock:
-                    self._last[group_id] = roster
-                return list(roster.present(present, departed).items())
+                roster = self._stable(group_id, view)
+                return list(roster.present(name, present, departed).items())
             with self._lock:
                 cached = self._last.get(group_id)
             give_up = time.monotonic() + SETTLE_POLL >= settle_by
             if cached is not None and (present <= cached.known or give_up):
-                return list(cached.present(present, departed).items())
+                return list(cached.present(name, present, departed).items())
             if give_up:
                 if not settle:
                     return []
                 raise timeout_error(f"the rebalance of group {group_id!r} to end")
             time.sleep(SETTLE_POLL)
+
+    def fingerprint(self, group_id: str, name: str, view: GroupView) -> object:
+        """What a read of ``name``'s members from ``view`` would report, as ``<Kafka member
+        id>#<token>`` of each entry; it changes exactly when that answer may (``view`` is Stable
+        and remembered as the last roster, or read against the last one)."""
+        if view.state in GONE:
+            return frozenset()
+        departed = self._state.departed(group_id)
+        present = set(view.members) - departed
+        if view.state == STABLE:
+            try:
+                roster = self._stable(group_id, view)
+            except ConsensusError:
+                return view.protocol_type  # not ours: a read raises
+        else:
+            with self._lock:
+                cached = self._last.get(group_id)
+            if cached is None:
+                return view.state
+            roster = cached
+        return roster.tokens(name, present, departed)
+
+    def _stable(self, group_id: str, view: GroupView) -> Roster:
+        """The roster of the Stable ``view``, remembered as the group's last; a member's metadata
+        is decoded only when it changed since the last view read (a big group's metadata changes
+        one member at a time, and a view is read for each group watched in it)."""
+        with self._lock:
+            read = self._read.get(group_id)
+            previous = self._decoded.get(group_id, {})
+        if read is not None and read[0] is view:
+            return read[1]
+        current: dict[bytes, Metadata | None] = {}
+
+        def decode(raw: bytes) -> Metadata | None:
+            metadata = previous[raw] if raw in previous else decode_metadata(raw)
+            current[raw] = metadata
+            return metadata
+
+        roster = Roster.of(group_id, view, decode)
+        with self._lock:
+            self._last[group_id] = roster
+            self._read[group_id] = (view, roster)
+            self._decoded[group_id] = current
+        return roster

@@ -76,9 +76,10 @@ class Settings:
         """The single-partition topic holding the command log."""
         return f"{self.prefix}.kv"
 
-    def group_id(self, group: str) -> str:
-        """The Kafka group id of a membership group."""
-        return f"{self.prefix}.group.{group}"
+    @property
+    def members_group(self) -> str:
+        """The one Kafka group carrying the members of every membership group (as entries)."""
+        return f"{self.prefix}.members"
 
     def election_id(self, service: str) -> str:
         """The Kafka group id of an election."""
