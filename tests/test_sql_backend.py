@@ -27,12 +27,13 @@ from consensus_api.config import Options, Security, parse_url
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.testing import ServerHandle, start_server
+from consensus_backends.sql.changes import DataVersion
 from consensus_backends.sql.engine import create, is_retryable, sqlite_write_lock_holder, stall_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION_TIMEOUT = 12.0
 #: How late after the lease's expiry the member may leave: REAP_SLACK, one heartbeat transaction, the
-#: 25 ms change-log poll and the dispatcher take ~0.1 s (benchmarks: failover.py); the bound leaves a
+#: 10 ms change-log poll and the dispatcher take ~0.1 s (benchmarks: failover.py); the bound leaves a
 #: loaded machine 1.5 s yet stays below the ~T/6 (2 s) a reap at the observer's next regular
 #: heartbeat would come late.
 REAP_BOUND = SESSION_TIMEOUT / 8
@@ -120,6 +121,39 @@ def test_postgresql_ends_a_transaction_whose_client_stalls(postgresql_target: st
         assert ended.value.connection_invalidated
         assert is_retryable(ended.value), ended.value
     finally:
+        engine.dispose()
+
+
+def test_sqlite_change_poll_reads_the_log_only_after_another_connection_committed(tmp_path: Path) -> None:
+    """``DataVersion`` reports a change after a commit by any other connection (another process's
+    included) and none otherwise; a closed probe reports one at its next call."""
+    database = tmp_path / "version.db"
+    engine = create(parse_url(f"sqlite:///{database}")[0], Options())
+    probe = DataVersion(engine)
+    try:
+        assert probe.changed(), "the first probe always reads the log"
+        assert not probe.changed()
+        with sqlite3.connect(database) as other:
+            other.execute("CREATE TABLE t (x)")
+        assert probe.changed() and not probe.changed()
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import sqlite3; c = sqlite3.connect({str(database)!r}); "
+                "c.execute('INSERT INTO t VALUES (1)'); c.commit()",
+            ],
+            check=True,
+            timeout=30,
+        )
+        assert probe.changed() and not probe.changed()
+        with sqlite3.connect(database) as reader:
+            reader.execute("SELECT * FROM t").fetchall()
+        assert not probe.changed(), "a read commits nothing"
+        probe.close()
+        assert probe.changed()
+    finally:
+        probe.close()
         engine.dispose()
 
 

@@ -120,7 +120,7 @@ class SQLBackend(Liveness, Backend):
             self._tables,
             self._hint,
             self._resync,
-            float(extra.get("poll_interval", 0.025)),  # type: ignore[arg-type]
+            float(extra.get("poll_interval", 0.025 if self._guarded else 0.01)),  # type: ignore[arg-type]
         )
         self._heartbeat = threading.Thread(target=self._beat, name="consensus-sql-heartbeat", daemon=True)
         self._state_lock = threading.Lock()

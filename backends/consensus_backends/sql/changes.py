@@ -3,9 +3,12 @@
 Every write appends ``(revision, kind, name)`` rows in its own transaction.
 On PostgreSQL the same transaction sends ``pg_notify`` (delivered at commit)
 and a LISTEN connection forwards them; on SQLite and MySQL/MariaDB a poller
-reads rows past the last revision it saw. SQLite commits one writer at a
-time, so revisions commit in order. InnoDB does not: a revision may commit
-after a later one, or never (its transaction rolled back), so a missing
+reads rows past the last revision it saw. On SQLite the poller first asks
+a connection of its own for ``PRAGMA data_version``, which changes whenever
+another connection committed, and reads the log only then: a poll of an
+unchanged database costs microseconds, so SQLite polls every 10 ms by
+default. SQLite commits one writer at a time, so revisions commit in order.
+InnoDB does not: a revision may commit after a later one, or never (its transaction rolled back), so a missing
 revision (a hole) holds the poller's position (``Holes``) while the rows
 after it are forwarded, until a share-lock read of it tells: a row (it
 committed: forwarded), no row (it never will), or a lock held (its
@@ -19,6 +22,7 @@ settled unasked) every watched target is re-read.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -117,34 +121,47 @@ class ChangeFeed:
         self._hint(Target(TargetKind(kind), name))
 
     def _poll(self) -> None:
-        t = self._tables
         holes = self._holes
         last = self._last if holes is None else holes.last
-        while not self._stop.wait(self._poll_interval):
-            if self._rewound.is_set():
-                self._rewound.clear()
-                last = 0
-                self._resync()
-            try:
-                with self._engine.connect() as conn:
-                    rows = conn.execute(
-                        select(t.changes).where(t.changes.c.revision > last).order_by(t.changes.c.revision)
-                    ).all()
-                    if holes is not None:
-                        rows, resync = holes.settle(conn, t, rows)
-            except sqlalchemy.exc.SQLAlchemyError as exc:
-                log.debug("polling the change log failed: %s", exc)
-                continue
-            if holes is None:
-                resync = bool(rows) and rows[0].revision != last + 1
-            if resync:
-                self._resync()
-            for row in rows:
-                self._forward(row.kind, row.name)
-            if holes is not None:
-                last = holes.last
-            elif rows:
-                last = rows[-1].revision
+        version = DataVersion(self._engine) if self._engine.dialect.name == "sqlite" else None
+        try:
+            while not self._stop.wait(self._poll_interval):
+                if self._rewound.is_set():
+                    self._rewound.clear()
+                    last = 0
+                    if version is not None:
+                        version.close()  # its connection may have the replaced file open
+                    self._resync()
+                if version is not None and not version.changed():
+                    continue
+                last = self._read_after(last, holes)
+        finally:
+            if version is not None:
+                version.close()
+
+    def _read_after(self, last: int, holes: Holes | None) -> int:
+        """Forward the change rows after revision ``last``; the new ``last`` (unchanged if the read
+        failed: the next poll tries again)."""
+        t = self._tables
+        try:
+            with self._engine.connect() as conn:
+                rows = conn.execute(
+                    select(t.changes).where(t.changes.c.revision > last).order_by(t.changes.c.revision)
+                ).all()
+                if holes is not None:
+                    rows, resync = holes.settle(conn, t, rows)
+        except sqlalchemy.exc.SQLAlchemyError as exc:
+            log.debug("polling the change log failed: %s", exc)
+            return last
+        if holes is None:
+            resync = bool(rows) and rows[0].revision != last + 1
+        if resync:
+            self._resync()
+        for row in rows:
+            self._forward(row.kind, row.name)
+        if holes is not None:
+            return holes.last
+        return rows[-1].revision if rows else last
 
     def _listen(self) -> None:
         import psycopg  # noqa: PLC0415  (PostgreSQL only; the extra may be absent for SQLite users)
@@ -216,3 +233,33 @@ def _probe(conn: Connection, t: Tables, revision: int) -> Any:
             return conn.execute(query).first()
     except sqlalchemy.exc.OperationalError:
         return False
+
+
+class DataVersion:
+    """SQLite's ``PRAGMA data_version`` on a connection of its own, which never writes: it changes
+    whenever another connection committed. A failed probe counts as a change (the caller reads)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._connection: Any = None
+        self._seen: object = None
+
+    def changed(self) -> bool:
+        """True if a commit may have happened since the last call (always on the first)."""
+        try:
+            if self._connection is None:
+                self._connection = self._engine.raw_connection()
+            version = self._connection.cursor().execute("PRAGMA data_version").fetchone()[0]
+        except (sqlite3.Error, sqlalchemy.exc.SQLAlchemyError) as exc:
+            log.debug("PRAGMA data_version failed: %s", exc)
+            self.close()
+            return True
+        changed: bool = version != self._seen
+        self._seen = version
+        return changed
+
+    def close(self) -> None:
+        """Give the connection back; the next probe opens another (and reports a change)."""
+        connection, self._connection, self._seen = self._connection, None, None
+        if connection is not None:
+            connection.close()
