@@ -3,7 +3,7 @@ MariaDB (which also serves the ``mysql`` schemes: its launcher is the only serve
 
 Detection delay: a lapsed lease is reaped at the next heartbeat of any session
 (every ``session_timeout / 3``), then listeners are told (PostgreSQL NOTIFY;
-SQLite and MariaDB poll every 25 ms). Server-side expiry: the session's lease row is set
+SQLite polls every 10 ms, MariaDB every 25 ms). Server-side expiry: the session's lease row is set
 to expired (``expires_at = 0``) by a connection of the test's own; the next
 reaper drops its members and candidates.
 """
