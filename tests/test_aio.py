@@ -380,7 +380,7 @@ def test_bridge_runs_at_most_workers_calls_and_shutdown_fails_the_queued_ones() 
         with pytest.raises(ca.SessionLostError):
             await last[2]
         release.set()
-        assert await asyncio.gather(last[0], last[1]) == [10, 11]
+        assert list(await asyncio.gather(last[0], last[1])) == [10, 11]
         with pytest.raises(ca.SessionLostError, match="closed"):
             await bridge.run(lambda: 1)
         assert 12 not in ran

@@ -222,7 +222,7 @@ def test_resource_arguments_are_checked_before_any_io() -> None:
     with pytest.raises(InvalidKeyError):
         resource_names(["a/b"])
     with pytest.raises(InvalidTypeError, match=r"lacks on_revoked \(see ResourceListener\)"):
-        check_resource_listener(_HalfListener())  # type: ignore[arg-type]
+        check_resource_listener(_HalfListener())
     with pytest.raises(InvalidTypeError, match="the handler lacks metadata, on_leave_prepare"):
         require_callbacks(object(), ("metadata", "on_leave_prepare"), "handler", "CoordinatorHandler")
     assert assignor_named("sticky").name == "sticky"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from functools import partial
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -185,8 +186,11 @@ def test_dispatcher_runs_in_order_on_one_thread_and_survives_errors() -> None:
     def fail() -> None:
         raise RuntimeError("boom")
 
+    def record(i: int) -> None:
+        seen.append((i, threading.current_thread().name))
+
     for i in range(5):
-        dispatcher.submit(lambda i=i: seen.append((i, threading.current_thread().name)))
+        dispatcher.submit(partial(record, i))
     dispatcher.submit(fail)
     dispatcher.submit_later(0.05, done.set)
     assert done.wait(5)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import psutil
@@ -297,6 +297,7 @@ def test_a_profile_that_does_not_add_up_is_refused() -> None:
     """Unknown markers, a server no launcher starts, no server or no expirer without the matching
     not-applicable declaration: ConfigurationError when the profile is built."""
     good = {"name": "mine", "detection_delay": lambda timeout: 1.0, "unreachable_url": moved_to_free_port}
+    bad: Mapping[str, object]
     for bad in (
         {"server": "postgresql", "expire_session": None, "not_applicable": {}},
         {"server": None, "expire_session": lambda u, i, t: None, "not_applicable": {}},

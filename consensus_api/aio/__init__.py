@@ -20,9 +20,12 @@ session's dispatcher thread through ``loop.call_soon_threadsafe``.
 from consensus_api.aio._bridge import EventStream
 from consensus_api.aio.coordination import (
     AsyncCoordinator,
+    AsyncCoordinatorHandler,
     AsyncElection,
     AsyncGroup,
     AsyncIncrementalCoordinator,
+    AsyncResourceListener,
+    MaybeAwaitable,
 )
 from consensus_api.aio.session import (
     DEFAULT_WORKERS,
@@ -36,13 +39,16 @@ from consensus_api.aio.session import (
 __all__ = [
     "DEFAULT_WORKERS",
     "AsyncCoordinator",
+    "AsyncCoordinatorHandler",
     "AsyncElection",
     "AsyncGroup",
     "AsyncIncrementalCoordinator",
     "AsyncListeners",
+    "AsyncResourceListener",
     "AsyncSession",
     "AsyncStorage",
     "Connecting",
     "EventStream",
+    "MaybeAwaitable",
     "connect",
 ]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from consensus_api.aio._bridge import Bridge, EventStream
 from consensus_api.coordinator import (
@@ -22,6 +22,55 @@ from consensus_api.model import LeaderChanged, Leadership, MembershipChanged
 
 if TYPE_CHECKING:
     from consensus_api.aio.session import AsyncSession
+
+T = TypeVar("T")
+
+#: A callback's result: the value itself (plain ``def``) or an awaitable of it (``async def``).
+MaybeAwaitable: TypeAlias = T | Awaitable[T]
+
+
+class AsyncCoordinatorHandler(Protocol):
+    """:class:`~consensus_api.coordinator.CoordinatorHandler` for ``AsyncSession.coordinator``:
+    each callback may be ``async def`` or plain (every ``CoordinatorHandler`` is one), runs on the
+    session's loop in protocol order and is awaited at most the rebalance timeout."""
+
+    def metadata(self) -> MaybeAwaitable[Sequence[tuple[str, bytes]]]:
+        """The protocols this member supports, most preferred first, each with its metadata."""
+        ...
+
+    def on_join_prepare(self, generation: int, member_id: str) -> MaybeAwaitable[None]:
+        """A (re)join starts; ``(-1, "")`` when nothing is held (drop what the member held)."""
+        ...
+
+    def perform_assignment(
+        self, leader_id: str, protocol: str, members: Mapping[str, bytes]
+    ) -> MaybeAwaitable[Mapping[str, bytes]]:
+        """On the leader only: the assignment of each member (missing members get ``b""``)."""
+        ...
+
+    def on_join_complete(
+        self, generation: int, member_id: str, protocol: str, assignment: bytes
+    ) -> MaybeAwaitable[None]:
+        """The member received ``assignment``; if it raises, it is called again (same arguments)."""
+        ...
+
+    def on_leave_prepare(self) -> MaybeAwaitable[None]:
+        """The member is about to leave the group (``close``)."""
+        ...
+
+
+class AsyncResourceListener(Protocol):
+    """:class:`~consensus_api.coordinator.ResourceListener` for ``AsyncSession.incremental_coordinator``:
+    both callbacks may be ``async def`` or plain (every ``ResourceListener`` is one) and run on the
+    session's loop, each awaited at most the rebalance timeout."""
+
+    def on_assigned(self, resources: frozenset[str]) -> MaybeAwaitable[None]:
+        """This member owns ``resources`` from now on (start them)."""
+        ...
+
+    def on_revoked(self, resources: frozenset[str]) -> MaybeAwaitable[None]:
+        """This member no longer owns ``resources`` (stop them before returning)."""
+        ...
 
 
 class AsyncGroup:
@@ -158,14 +207,18 @@ class _OnLoop:
 
 
 class _LoopHandler(_OnLoop):
-    def metadata(self) -> Any:
-        return self.call("metadata")
+    def metadata(self) -> Sequence[tuple[str, bytes]]:
+        result: Sequence[tuple[str, bytes]] = self.call("metadata")
+        return result
 
     def on_join_prepare(self, generation: int, member_id: str) -> None:
         self.call("on_join_prepare", generation, member_id)
 
-    def perform_assignment(self, leader_id: str, protocol: str, members: Any) -> Any:
-        return self.call("perform_assignment", leader_id, protocol, members)
+    def perform_assignment(
+        self, leader_id: str, protocol: str, members: Mapping[str, bytes]
+    ) -> Mapping[str, bytes]:
+        result: Mapping[str, bytes] = self.call("perform_assignment", leader_id, protocol, members)
+        return result
 
     def on_join_complete(self, generation: int, member_id: str, protocol: str, assignment: bytes) -> None:
         self.call("on_join_complete", generation, member_id, protocol, assignment)
@@ -182,11 +235,11 @@ class _LoopListener(_OnLoop):
         self.call("on_revoked", resources)
 
 
-def on_loop_handler(handler: CoordinatorHandler, bridge: Bridge, timeout: float) -> CoordinatorHandler:
+def on_loop_handler(handler: AsyncCoordinatorHandler, bridge: Bridge, timeout: float) -> CoordinatorHandler:
     """``handler`` (checked by the caller) with every callback run on the loop."""
-    return cast("CoordinatorHandler", _LoopHandler(handler, bridge, timeout))
+    return _LoopHandler(handler, bridge, timeout)
 
 
-def on_loop_listener(listener: ResourceListener, bridge: Bridge, timeout: float) -> ResourceListener:
+def on_loop_listener(listener: AsyncResourceListener, bridge: Bridge, timeout: float) -> ResourceListener:
     """``listener`` (checked by the caller) with both callbacks run on the loop."""
-    return cast("ResourceListener", _LoopListener(listener, bridge, timeout))
+    return _LoopListener(listener, bridge, timeout)

@@ -14,15 +14,16 @@ from consensus_api import session as sync
 from consensus_api.aio._bridge import Bridge, EventStream, check_workers
 from consensus_api.aio.coordination import (
     AsyncCoordinator,
+    AsyncCoordinatorHandler,
     AsyncElection,
     AsyncGroup,
     AsyncIncrementalCoordinator,
+    AsyncResourceListener,
     on_loop_handler,
     on_loop_listener,
 )
 from consensus_api.assignors import Assignor
 from consensus_api.config import BackendURL
-from consensus_api.coordinator import CoordinatorHandler, ResourceListener
 from consensus_api.coordinator.core import HANDLER_METHODS
 from consensus_api.coordinator.handler import check_resource_listener, require_callbacks
 from consensus_api.coordinator.member import DEFAULT_REBALANCE_TIMEOUT
@@ -171,7 +172,7 @@ class AsyncSession:
         self,
         group: str,
         protocol_type: str,
-        handler: CoordinatorHandler,
+        handler: AsyncCoordinatorHandler,
         *,
         rebalance_timeout: float | None = None,
     ) -> AsyncCoordinator:
@@ -190,7 +191,7 @@ class AsyncSession:
         self,
         group: str,
         resources: Iterable[str],
-        listener: ResourceListener,
+        listener: AsyncResourceListener,
         *,
         assignor: str | Assignor = "sticky",
         rebalance_timeout: float | None = None,

@@ -32,7 +32,7 @@ import json
 import time
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,7 +133,7 @@ def holds(rows: Iterable[Mapping[str, Any]]) -> list[Hold]:
     return sorted(found, key=lambda hold: hold.start)
 
 
-def check_run(rows: list[Mapping[str, Any]]) -> pa.Table:
+def check_run(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
     """The output rows (``bucket.OUTPUT_COLUMNS``) of one run's rows: per lock a finding when it is
     violated, a ``fenced-overlap`` stat per lock with fenced overlaps, one summary."""
     began = time.perf_counter()

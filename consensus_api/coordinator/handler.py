@@ -99,8 +99,9 @@ def resource_names(resources: Iterable[str]) -> frozenset[str]:
     return frozenset(check_segment(r, "resource name") for r in resources)
 
 
-def check_resource_listener(listener: ResourceListener) -> None:
-    """``InvalidTypeError`` unless ``listener`` has both callbacks of a :class:`ResourceListener`."""
+def check_resource_listener(listener: object) -> None:
+    """``InvalidTypeError`` unless ``listener`` has both callbacks of a :class:`ResourceListener`
+    (plain or ``async def``: what is passed in is checked, whatever its declared type)."""
     require_callbacks(listener, ("on_assigned", "on_revoked"), "listener", "ResourceListener")
 
 
