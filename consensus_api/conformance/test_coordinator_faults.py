@@ -59,7 +59,7 @@ def test_coordinating_member_killed_mid_rebalance(
         assert ledger.events[:killed] == [], "a started a resource while the child still owned it"
         _join(consensus_open_session(), group, ledger, "b")
         wait_until(lambda: ledger.balanced(["a", "b"], SIX), SETTLE, what="a and b share the resources")
-        assert ledger.double_owned() == []
+        assert ledger.double_owned() == [], ledger.events
     finally:
         child.close()
 
@@ -96,7 +96,7 @@ def test_member_paused_past_rebalance_timeout_is_fenced_and_told(
             return sum(map(len, held)) == len(SIX) and frozenset().union(*held) == SIX and all(held)
 
         wait_until(shared, _loss(consensus_options), what="a, b and the child share the 6 resources")
-        assert ledger.double_owned() == []
+        assert ledger.double_owned() == [], ledger.events
     finally:
         child.close()
 
@@ -132,7 +132,7 @@ def test_server_restarted_during_a_rebalance(
         what="a, b and c share the resources",
         observe=ledger.snapshot,
     )
-    assert ledger.double_owned() == []
+    assert ledger.double_owned() == [], ledger.events
 
 
 @pytest.mark.freezes_a_writer
@@ -177,6 +177,6 @@ def test_incremental_member_that_does_not_revoke_in_time_is_fenced(
             what="a, b and the child share the 6 resources",
             observe=lambda: (ledger.snapshot(), owned_by(child), child.lines.events[mark:]),
         )
-        assert ledger.double_owned() == []
+        assert ledger.double_owned() == [], ledger.events
     finally:
         child.close()
