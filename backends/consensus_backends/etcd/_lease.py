@@ -7,13 +7,17 @@ TTL/3, and states follow from the answers:
 
 * a keep-alive fails, but the last successful one was *sent* less than a TTL
   ago: SUSPENDED (the lease is certainly still alive on the server);
-* etcd answers that the lease is gone (expired or revoked), the last
-  successful keep-alive was sent a TTL ago or more, or an answer arrives too
-  late to vouch for the lease (this process was paused): LOST. Only a LOST
-  after keep-alives failed for the whole TTL is connection trouble, which
-  cuts the calls in flight short (``lost_in_trouble``). A lease that may
-  still exist is revoked before a new one is granted, so the old session's
-  keys are gone before the core re-joins anything; then CONNECTED.
+* etcd answers that the lease is gone (expired or revoked), keep-alives
+  failed until a TTL after the last successful one was sent, or an answer
+  arrives too late to vouch for the lease (this process was paused): LOST.
+  A keeper that did not run for a whole TTL (this process or thread was held
+  up) is SUSPENDED and asks etcd once more before it decides: the lease may
+  well live on, and revoking it would hand the session's members and
+  resources to others while this session still acts on them. Only a LOST
+  after keep-alives failed is connection trouble, which cuts the calls in
+  flight short (``lost_in_trouble``). A lease that may still exist is
+  revoked before a new one is granted, so the old session's keys are gone
+  before the core re-joins anything; then CONNECTED.
 * a keep-alive succeeds again: CONNECTED.
 
 The thread is also woken at once when the watch sees trouble or one of the
@@ -124,12 +128,14 @@ class LeaseKeeper:
     def _keep_alive(self, lease: int) -> None:
         sent = time.monotonic()
         lost_at = self._alive_since + self._ttl
-        if sent >= lost_at:  # this process (or this thread) did not run for the whole TTL
-            log.warning("no etcd keep-alive was sent for the whole lease TTL (%ss): session lost", self._ttl)
-            self._lose(stale=lease, trouble=False)
-            return
+        late = sent >= lost_at  # this process (or this thread) did not run for the whole TTL
+        if late:  # only etcd can tell whether the lease lives on (a new etcd leader renews every lease)
+            log.info("no etcd keep-alive was sent for the whole lease TTL (%ss): asking etcd", self._ttl)
+            self._set(SessionState.SUSPENDED)
         try:
-            remaining = self._client.keepalive(lease, min(sent + self._attempt_timeout, lost_at))
+            remaining = self._client.keepalive(
+                lease, sent + self._attempt_timeout if late else min(sent + self._attempt_timeout, lost_at)
+            )
         except ConsensusError as exc:
             if time.monotonic() >= lost_at:
                 log.warning("etcd was unreachable for the whole lease TTL (%ss): session lost", self._ttl)
