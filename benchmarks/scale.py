@@ -3,9 +3,10 @@
 Each workload runs in a child process of its own (``benchmarks.child scale``)
 so that its resident memory (``/proc/<pid>/statm``) counts only the sessions
 it hosts: measured once the backend and its client library are imported
-(base), after the sessions are open (idle: ``rss_per_session_mb`` is the
-growth per session) and once everything converged (loaded; for ``watched``
-``rss_per_key_kb``, the growth per watched key; for the others
+(base), after the sessions are open and caught up with the backend's log by
+one read (idle: ``rss_per_session_mb`` is the growth per session) and once
+everything converged (loaded; for ``watched`` ``rss_per_key_kb``, the growth
+per watched key; for the others
 ``rss_per_member_kb``, the growth per member, observer's view included).
 Workloads:
 
@@ -128,6 +129,9 @@ def host(url: str, workload: str, size: int, sessions: int, deadline: float) -> 
     registry.load_backend(config.parse_url(url)[0].scheme)  # imports count as base, not as sessions
     base = rss_mb()
     opened: list[Session] = _parallel(range(sessions + 1), lambda _: connect(url))
+    # A read catches each session up with the backend's log, so the clock times the workload, not
+    # the start-up replay of what earlier workloads wrote (Kafka: every record since the topic began).
+    _parallel(opened, lambda session: session.storage.fetch(f"bench-scale-{run}/caught-up"))
     observer, others = opened[0], opened[1:]
     idle = rss_mb()
     try:
