@@ -37,8 +37,9 @@ class Rosters:
         self._channel = channel
         self._state = state
         self._lock = threading.Lock()
-        self._last: dict[str, Roster] = {}
-        self._read: dict[str, tuple[GroupView, Roster]] = {}  # group id -> the last view read, its roster
+        self._read: dict[
+            str, tuple[GroupView, Roster]
+        ] = {}  # group id -> the last Stable view read, its roster
         self._decoded: dict[str, dict[bytes, Metadata | None]] = {}  # group id -> its members' metadata
 
     def describe(self, group_id: str, deadline: float) -> GroupView:
@@ -63,16 +64,10 @@ class Rosters:
             view = self.describe(group_id, deadline)
             if view.state in GONE:
                 return []
-            departed = self._state.departed(group_id)
-            present = set(view.members) - departed
-            if view.state == STABLE:
-                roster = self._stable(group_id, view)
-                return list(roster.present(name, present, departed).items())
-            with self._lock:
-                cached = self._last.get(group_id)
+            roster, present, departed = self._against(group_id, view)
             give_up = time.monotonic() + SETTLE_POLL >= settle_by
-            if cached is not None and (present <= cached.known or give_up):
-                return list(cached.present(name, present, departed).items())
+            if roster is not None and (present <= roster.known or give_up):  # a Stable view knows all
+                return list(roster.present(name, present, departed).items())
             if give_up:
                 if not settle:
                     return []
@@ -85,20 +80,24 @@ class Rosters:
         and remembered as the last roster, or read against the last one)."""
         if view.state in GONE:
             return frozenset()
+        try:
+            roster, present, departed = self._against(group_id, view)
+        except ConsensusError:
+            return view.protocol_type  # not ours: a read raises
+        if roster is None:
+            return view.state
+        return roster.tokens(name, present, departed)
+
+    def _against(self, group_id: str, view: GroupView) -> tuple[Roster | None, set[str], frozenset[str]]:
+        """The roster ``view`` is read against (its own if Stable, else the last Stable one, if
+        any), the Kafka members present in it and those recorded as departed."""
         departed = self._state.departed(group_id)
         present = set(view.members) - departed
         if view.state == STABLE:
-            try:
-                roster = self._stable(group_id, view)
-            except ConsensusError:
-                return view.protocol_type  # not ours: a read raises
-        else:
-            with self._lock:
-                cached = self._last.get(group_id)
-            if cached is None:
-                return view.state
-            roster = cached
-        return roster.tokens(name, present, departed)
+            return self._stable(group_id, view), present, departed
+        with self._lock:
+            read = self._read.get(group_id)
+        return (None if read is None else read[1]), present, departed
 
     def _stable(self, group_id: str, view: GroupView) -> Roster:
         """The roster of the Stable ``view``, remembered as the group's last; a member's metadata
@@ -118,7 +117,6 @@ class Rosters:
 
         roster = Roster.of(group_id, view, decode)
         with self._lock:
-            self._last[group_id] = roster
             self._read[group_id] = (view, roster)
             self._decoded[group_id] = current
         return roster
