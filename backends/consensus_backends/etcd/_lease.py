@@ -11,7 +11,8 @@ TTL/3, and states follow from the answers:
   failed until a TTL after the last successful one was sent, or an answer
   arrives too late to vouch for the lease (this process was paused): LOST.
   A keeper that did not run for a whole TTL (this process or thread was held
-  up) is SUSPENDED and asks etcd once more before it decides: the lease may
+  up) asks etcd once more before it decides, changing no state meanwhile (a
+  SUSPENDED would cut short calls that etcd answers definitely): the lease may
   well live on, and revoking it would hand the session's members and
   resources to others while this session still acts on them. Only a LOST
   after keep-alives failed is connection trouble, which cuts the calls in
@@ -131,7 +132,6 @@ class LeaseKeeper:
         late = sent >= lost_at  # this process (or this thread) did not run for the whole TTL
         if late:  # only etcd can tell whether the lease lives on (a new etcd leader renews every lease)
             log.info("no etcd keep-alive was sent for the whole lease TTL (%ss): asking etcd", self._ttl)
-            self._set(SessionState.SUSPENDED)
         try:
             remaining = self._client.keepalive(
                 lease, sent + self._attempt_timeout if late else min(sent + self._attempt_timeout, lost_at)
