@@ -4,8 +4,9 @@ The statements run on tables of their own.
 
 Per operation, one transaction with the same statements as the backend:
 fetch = one ``SELECT``; put = ``UPDATE … RETURNING`` (revive a tombstone), then
-``INSERT … ON CONFLICT DO NOTHING RETURNING`` and two change-log rows (each
-with ``pg_notify`` on PostgreSQL); update with a version = ``UPDATE …
+``INSERT … ON CONFLICT DO NOTHING RETURNING`` and two change-log rows (on
+PostgreSQL each one statement: an ``INSERT … RETURNING`` in a CTE whose
+``SELECT`` sends its ``pg_notify``); update with a version = ``UPDATE …
 RETURNING`` and one change row; fenced update = the fence ``SELECT`` (``FOR
 SHARE`` on PostgreSQL) first; keys = one ``SELECT``. SQLite writes begin with
 ``BEGIN IMMEDIATE`` in WAL mode with ``synchronous=NORMAL``, as the backend's.
@@ -143,8 +144,10 @@ class RawSQL:
         if conn.dialect.name != "postgresql":
             conn.execute(row)
             return
-        revision = conn.execute(row.returning(self.changes.c.revision)).scalar_one()
-        conn.execute(select(func.pg_notify(self.changes.name, f"{revision}\t{kind}\t{name}")))
+        c = self.changes.c
+        logged = row.returning(c.revision, c.kind, c.name).cte("logged")
+        payload = func.concat_ws("\t", logged.c.revision, logged.c.kind, logged.c.name)
+        conn.execute(select(func.pg_notify(self.changes.name, payload)).select_from(logged))
 
     def prepare(self, namespace: str) -> None:
         """Nothing to create: keys are rows (records)."""

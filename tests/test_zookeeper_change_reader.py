@@ -1,5 +1,6 @@
-"""ZooKeeper: a group's re-read after its child watch fired lists the children with the watch's
-re-arm, and a listing older than a membership already returned is never returned."""
+"""ZooKeeper: a group's re-read after its roster's child watch fired is the watch's re-arm (payloads
+inline: nothing else is read), a listing older than a membership already returned is never
+returned, and payloads too large for the roster are read from the members' claims."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from zookeeper_support import backend_of
 import consensus_api as ca
 from consensus_api.conformance.helpers import EventLog
 from consensus_api.testing import ServerHandle
-from consensus_backends.zookeeper.paths import encode_name
+from consensus_backends.zookeeper.membership import ROSTER_INLINE, parse_roster_name, roster_name
+from consensus_backends.zookeeper.paths import decode_name
 
 TIMEOUT = 10.0
 
@@ -66,9 +68,9 @@ def test_a_rearm_older_than_a_returned_membership_is_not_returned(zookeeper_serv
         backend = backend_of(watcher)
         groups, client = backend._groups, backend._connection.client
         joiner.group("g").join("a", b"1")
-        members = backend._layout.members("g")
-        stale = client.get_children_async(members, include_data=True)
-        assert stale.get(TIMEOUT)[0] == [encode_name("a")]
+        roster = backend._layout.roster("g")
+        stale = client.get_children_async(roster, include_data=True)
+        assert stale.get(TIMEOUT)[0] == [roster_name("a", b"1")]
         joiner.group("g").join("b", b"2")
         # the listener's own re-reads are done: no re-arm is pending
         log.wait_last(lambda event: set(event.members) == {"a", "b"}, TIMEOUT)
@@ -78,9 +80,37 @@ def test_a_rearm_older_than_a_returned_membership_is_not_returned(zookeeper_serv
         groups.listed("g", stale)
         listings = ListingCount(client)
         assert backend.change_reader().membership("g") == {"a": b"1", "b": b"2"}
-        assert listings.calls == 1  # the stale listing failed the pzxid check: listed again
+        assert listings.calls == 1  # the stale listing's pzxid is older: listed again
 
-        fresh = client.get_children_async(members, include_data=True)
+        fresh = client.get_children_async(roster, include_data=True)
         groups.listed("g", fresh)
         assert backend.change_reader().membership("g") == {"a": b"1", "b": b"2"}
         assert listings.calls == 2  # ``fresh`` served as the listing (counted when it was sent)
+
+
+def test_roster_names_carry_small_payloads_and_any_member_id() -> None:
+    for member_id in ["m", "a~b~", "~", "x/y%z", "é~*"]:
+        for data in [b"", b"\x00~*=", bytes(range(ROSTER_INLINE))]:
+            name = roster_name(member_id, data)
+            assert "/" not in name
+            encoded, inline = parse_roster_name(name) or ("", None)
+            assert (decode_name(encoded), inline) == (member_id, data)
+        encoded, inline = parse_roster_name(roster_name(member_id, bytes(ROSTER_INLINE + 1))) or ("", b"")
+        assert (decode_name(encoded), inline) == (member_id, None)  # read from the claim
+    assert parse_roster_name("no-separator") is None
+
+
+def test_large_payloads_are_read_from_the_claims_beside_inline_ones(zookeeper_server: ServerHandle) -> None:
+    url = f"{zookeeper_server.url}/zk-reread-{uuid.uuid4().hex[:8]}"
+    large = bytes(range(256)) * 8
+    with ca.connect(url) as watcher, ca.connect(url) as joiner:
+        log = EventLog[ca.MembershipChanged]("memberships")
+        watcher.group("g").add_listener(log)
+        joiner.group("g").join("small", b"s")
+        joiner.group("g").join("large", large)
+        log.wait_last(lambda event: set(event.members) == {"small", "large"}, TIMEOUT)
+        assert dict(log.events[-1].members) == {"small": b"s", "large": large}
+        assert watcher.group("g").membership() == {"small": b"s", "large": large}
+        joiner.group("g").leave("large")
+        log.wait_last(lambda event: set(event.members) == {"small"}, TIMEOUT)
+        assert watcher.group("g").membership() == {"small": b"s"}

@@ -1,7 +1,9 @@
 """ZooKeeper test server: Debian's ``zookeeper`` jars run as a standalone JVM (the ensemble of
 ``start_cluster``: ``consensus_api.testing.zookeeper_ensemble``).
 
-``tickTime=500`` allows client session timeouts from 1 s to 60 s. The secure
+``tickTime=500`` allows client session timeouts from 1 s to 60 s. Commits
+survive a kill -9 (``forceSync=no``: the OS holds the transaction log), not a
+machine crash, as on the PostgreSQL and etcd test servers. The secure
 variant (``start(secure=True)``) serves clients only on a TLS port (Netty,
 client certificates required) with certificates made at start
 (``consensus_api.testing.certificates``, in ``<dir>/certs``); its URL names
@@ -93,6 +95,7 @@ def _write_config(directory: Path, port: int, extra: str = "") -> Path:
     config.write_text(
         extra + "tickTime=500\n"
         f"dataDir={directory / 'data'}\n"
+        "forceSync=no\n"
         f"clientPort={port}\n"
         f"clientPortAddress={HOST}\n"
         "maxClientCnxns=0\n"

@@ -44,7 +44,6 @@ HOLE_SETTLE = 0.2
 #: Revisions below the newest that MySQL's feed checks for holes (transactions in flight); older
 #: ones are settled unasked, with a re-read of every watched target.
 START_WINDOW = 1000
-_SEPARATOR = "\t"
 
 
 def channel(t: Tables) -> str:
@@ -54,15 +53,9 @@ def channel(t: Tables) -> str:
 
 def log_changes(conn: Connection, t: Tables, targets: Iterable[Target]) -> None:
     """Record that ``targets`` changed, in ``conn``'s transaction."""
-    prepared = statements.of(conn, t)
+    log = statements.of(conn, t).log
     for target in targets:
-        row = {"kind": target.kind.value, "name": target.name}
-        if not prepared.notify:
-            conn.execute(prepared.log, row)
-            continue
-        revision = conn.execute(prepared.log, row).scalar_one()
-        payload = f"{revision}{_SEPARATOR}{target.kind.value}{_SEPARATOR}{target.name}"
-        conn.execute(prepared.pg_notify, {"b_payload": payload})
+        conn.execute(log, {"b_kind": target.kind.value, "b_name": target.name})
 
 
 def prune(conn: Connection, t: Tables) -> None:
@@ -175,7 +168,7 @@ class ChangeFeed:
                     self._resync()
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.25):
-                            _, kind, name = note.payload.split(_SEPARATOR, 2)
+                            _, kind, name = note.payload.split(statements.NOTIFY_SEPARATOR, 2)
                             self._forward(kind, name)
             except psycopg.Error as exc:
                 log.debug("the LISTEN connection failed: %s", exc)

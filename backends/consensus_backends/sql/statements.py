@@ -16,6 +16,9 @@ from sqlalchemy import Column, Connection, Executable, and_, bindparam, func, in
 from consensus_backends.sql.dialect import InsertIfAbsent, UpdateReturning
 from consensus_backends.sql.schema import MYSQL_DIALECTS, Tables, db_now
 
+#: Separates the fields of a PostgreSQL change notification: ``revision<TAB>kind<TAB>name``.
+NOTIFY_SEPARATOR = "\t"
+
 
 def _bind(name: str, column: Column[Any]) -> Any:
     """The bind parameter ``b_<name>`` with ``column``'s type (MySQL encodes names as bytes)."""
@@ -40,10 +43,7 @@ class Statements:
         self.delete_live = self._update(t, key, live, {"value": None, **bumped, "deleted": True})
         self.delete_at = self._update(t, key, at, {"value": None, **bumped, "deleted": True})
         self.create = InsertIfAbsent(dialect, t.kv, ["key"])
-        changes = insert(t.changes)
-        self.notify = dialect == "postgresql"
-        self.log: Executable = changes.returning(t.changes.c.revision) if self.notify else changes
-        self.pg_notify = select(func.pg_notify(t.changes.name, bindparam("b_payload")))
+        self.log = self._log(t, dialect)
         self.fence_lock, self.fence = self._fence(t, dialect)
         m, lc = t.members.c, t.leaders.c
         self.membership = select(m.member_id, m.data).where(m.grp == _bind("group", m.grp))
@@ -53,6 +53,18 @@ class Statements:
     def _update(self, t: Tables, key: Any, condition: Any, values: dict[str, Any]) -> UpdateReturning:
         """``UPDATE kv … RETURNING version``."""
         return UpdateReturning(self.dialect, t.kv, key, condition, values, t.kv.c.version)
+
+    @staticmethod
+    def _log(t: Tables, dialect: str) -> Executable:
+        """Append one change row (``kind``, ``name``); on PostgreSQL the same statement sends its
+        ``pg_notify`` (delivered at commit): one round trip."""
+        c = t.changes.c
+        row = {"kind": _bind("kind", c.kind), "name": _bind("name", c.name)}
+        if dialect != "postgresql":
+            return insert(t.changes).values(row)
+        logged = insert(t.changes).values(row).returning(c.revision, c.kind, c.name).cte("logged")
+        payload = func.concat_ws(NOTIFY_SEPARATOR, logged.c.revision, logged.c.kind, logged.c.name)
+        return select(func.pg_notify(t.changes.name, payload)).select_from(logged)
 
     @staticmethod
     def _fence(t: Tables, dialect: str) -> tuple[Executable | None, Executable]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.protocol.states import ZnodeStat
 
 from consensus_api.errors import (
     ConsensusError,
@@ -80,7 +81,7 @@ class Elections:
             ensure(self._connection, [election, f"{election}/ids", self._layout.queue(service)], deadline)
         with self._lock:
             self._own[(service, candidate_id)] = (path, claim)
-        leader = self._lowest(service, deadline, barrier=False)
+        leader = self._lowest(service, deadline, barrier=False, own=path)
         return leader is not None and leader[0] == path
 
     def resign(self, service: str, candidate_id: str) -> None:
@@ -147,18 +148,26 @@ class Elections:
         owned = [path for path, stat in zip(mine, stats, strict=True) if self._connection.owns(stat)]
         return owned[0] if owned else None
 
-    def _lowest(self, service: str, deadline: float, *, barrier: bool) -> tuple[str, str, int] | None:
-        """The lowest candidate's znode path, id and czxid, or None without candidates."""
+    def _lowest(
+        self, service: str, deadline: float, *, barrier: bool, own: str | None = None
+    ) -> tuple[str, str, int] | None:
+        """The lowest candidate's znode path, id and czxid, or None without candidates.
+
+        ``own``: a queue znode just created, whose czxid is read along with the children, so that
+        the read that finds it leading (after a handoff) needs no second round trip.
+        """
         queue = self._layout.queue(service)
 
         def children(client: KazooClient) -> list[Any]:
-            return [client.get_children_async(queue)]
+            return [client.get_children_async(queue), *([client.exists_async(own)] if own else [])]
 
         while True:
             check_deadline(deadline, "reading the election")
-            [names] = self._connection.read(
+            names, *stat = self._connection.read(
                 children, deadline, barrier=self._layout.barrier_path if barrier else None
             )
+            if own is not None and stat and isinstance(stat[0], ZnodeStat):
+                self._remember(own, int(stat[0].czxid))
             if isinstance(names, NoNodeError):
                 return None
             candidates = [name for name in names if candidate_id_of(name) is not None]
@@ -180,8 +189,11 @@ class Elections:
         if stat is None:
             return None
         czxid = int(stat.czxid)
+        self._remember(path, czxid)
+        return czxid
+
+    def _remember(self, path: str, czxid: int) -> None:
         with self._lock:
             self._czxids[path] = czxid
             while len(self._czxids) > CZXID_CACHE:
                 self._czxids.popitem(last=False)
-        return czxid

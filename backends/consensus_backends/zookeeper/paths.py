@@ -7,14 +7,17 @@ Layout below ``<root>`` (the URL path, created on first use)::
     kv/v:<a>                          anchor of key "a": its value, b"" while deleted (never deleted)
     kv/v:<a>/c-<seq>                  chunks of a value too large for one znode
     kv/d:<a>/...                      the directory of namespace "a"
-    groups/<group>/members/<member>   ephemeral; data = the member's payload
+    groups/<group>/members/<member>   ephemeral claim (member ids are unique); data = the payload
+    groups/<group>/roster/<member>~<data>  ephemeral, created and deleted with the claim: the
+                                      payload inline (base64url) or ``*`` (read it from the claim)
     groups/<group>/chunks/<m>-<seq>   ephemeral chunks of large member data
     elections/<service>/ids/<id>      ephemeral claim: candidate ids are unique
     elections/<service>/queue/<id>-<seq>  ephemeral sequential candidate; the lowest leads
 
 Markers make ``keys()`` one ``get_children`` and a key-set watch one child
-watch. Anchors are permanent so that their ``stat.version`` never restarts:
-a compare-and-set on an anchor's version can therefore never hit a later
+watch; the roster makes a group's membership (small payloads) one
+``get_children``. Anchors are permanent so that their ``stat.version`` never
+restarts: a compare-and-set on an anchor's version can therefore never hit a later
 incarnation of the key (no ABA), and its ``mzxid`` (the key's version)
 strictly increases across delete and re-create.
 """
@@ -135,6 +138,10 @@ class Layout:
     def member(self, group: str, member_id: str) -> str:
         """The ephemeral znode of one member."""
         return f"{self.members(group)}/{encode_name(member_id)}"
+
+    def roster(self, group: str) -> str:
+        """The parent of ``group``'s roster entries (the znode a group watch watches)."""
+        return f"{self.group(group)}/roster"
 
     def member_chunks(self, group: str) -> str:
         """The parent of the chunks of ``group``'s large member data."""

@@ -134,6 +134,7 @@ class Watches:
                 return
             listed = None
             if target.kind is TargetKind.GROUP:
+                self._groups.watch(target.name)
                 listed = functools.partial(self._groups.listed, target.name)
             watch = self._active[target] = _Watch(
                 self._client,
@@ -167,5 +168,5 @@ class Watches:
         if target.kind is TargetKind.KEYSET:
             return self._layout.directory(target.name)
         if target.kind is TargetKind.GROUP:
-            return self._layout.members(target.name)
+            return self._layout.roster(target.name)
         return self._layout.queue(target.name)
