@@ -1,6 +1,7 @@
 """ZooKeeper: a group's re-read after its roster's child watch fired is the watch's re-arm (payloads
 inline: nothing else is read), a listing older than a membership already returned is never
-returned, and payloads too large for the roster are read from the members' claims."""
+returned, and payloads too large for the roster are read from the members' claims. A candidate
+that takes over reads the election once: its own term came with its nomination."""
 
 from __future__ import annotations
 
@@ -114,3 +115,32 @@ def test_large_payloads_are_read_from_the_claims_beside_inline_ones(zookeeper_se
         joiner.group("g").leave("large")
         log.wait_last(lambda event: set(event.members) == {"small"}, TIMEOUT)
         assert watcher.group("g").membership() == {"small": b"s"}
+
+
+class ExistsCount:
+    """Counts the session's ``exists`` requests."""
+
+    def __init__(self, client: Any) -> None:
+        self.calls = 0
+        self._exists_async = client.exists_async
+        client.exists_async = self
+
+    def __call__(self, path: str, watch: Any = None) -> Any:
+        self.calls += 1
+        return self._exists_async(path, watch=watch)
+
+
+def test_a_candidate_that_takes_over_reads_the_election_once(zookeeper_server: ServerHandle) -> None:
+    url = f"{zookeeper_server.url}/zk-reread-{uuid.uuid4().hex[:8]}"
+    with ca.connect(url) as leader, ca.connect(url) as follower:
+        assert backend_of(leader).nominate("svc", "a")
+        assert not backend_of(follower).nominate("svc", "b")  # its own term is read here, once
+        term_of_a = backend_of(follower).leadership("svc")
+        backend_of(leader).resign("svc", "a")
+        reader = backend_of(follower).change_reader()
+        exists = ExistsCount(backend_of(follower)._connection.client)
+        took_over = reader.leadership("svc")
+        assert exists.calls == 0  # the term came with the nomination: one listing, no second request
+        assert took_over is not None and term_of_a is not None
+        assert (took_over.leader_id, took_over.term > term_of_a.term) == ("b", True)
+        assert took_over == backend_of(follower).leadership("svc")  # the term a fresh read finds
