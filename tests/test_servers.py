@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,7 +21,7 @@ from kafka.errors import KafkaError
 from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
-from consensus_api.testing import LAUNCHER_GROUP, SERVER_NAMES, ServerHandle, start_server
+from consensus_api.testing import LAUNCHER_GROUP, SERVER_NAMES, ServerHandle, _host, start_server
 from consensus_api.testing._host import tcp_request
 from consensus_api.testing._process import launch
 from consensus_api.testing.etcd import BINARY_VARIABLE as ETCD_BINARY_VARIABLE
@@ -257,3 +260,20 @@ def test_kafka_without_jars_names_the_installer(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(RuntimeError, match=r"scripts/install\.sh"):
         start_server("kafka", tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_port_another_test_process_just_took_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    take = "from consensus_api.testing._host import free_port; print(free_port(), flush=True); input()"
+    child = subprocess.Popen(
+        [sys.executable, "-c", take], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        taken = int(child.stdout.readline())
+        draws = iter([taken, taken])
+        fallback = random.randint
+        monkeypatch.setattr(random, "randint", lambda low, high: next(draws, None) or fallback(low, high))
+        assert _host.free_port() != taken  # free to bind, but claimed by the other process
+    finally:
+        child.kill()
+        child.wait(10)

@@ -3,6 +3,7 @@ setup commands and a one-shot TCP request."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
@@ -14,6 +15,12 @@ from typing import Any
 
 HOST = "127.0.0.1"
 _issued_ports: set[int] = set()
+#: The newest ports this process handed out, with their claim files' descriptors: the ``flock``
+#: tells test processes running side by side (CI's parallel suites) not to hand a port out too,
+#: and goes when this process ends or the claim is among the oldest beyond ``CLAIMS_KEPT`` (a claim
+#: only needs to cover the moments until a server binds its port).
+_claims: dict[int, int] = {}
+CLAIMS_KEPT = 256
 
 
 def _ephemeral_low() -> int:
@@ -24,12 +31,15 @@ def _ephemeral_low() -> int:
 
 
 def free_port() -> int:
-    """Return a loopback port that was free a moment ago and never handed out before by this process.
+    """Return a loopback port that was free a moment ago, never handed out before by this process,
+    nor lately by another process running beside it (CI's parallel suites: see ``_claims``).
 
     Ports come from below the ephemeral range: a port bind(0) hands out may be taken as the local
     port of any outgoing connection before the server binds it.
     """
     high = _ephemeral_low() - 1
+    claims = cache_dir() / "ports"
+    claims.mkdir(parents=True, exist_ok=True)
     for _ in range(200):
         port = random.randint(min(10000, high // 2), high)
         if port in _issued_ports:
@@ -39,9 +49,27 @@ def free_port() -> int:
                 sock.bind((HOST, port))
             except OSError:
                 continue
+        claim = _claim(claims / str(port))
+        if claim is None:
+            continue
         _issued_ports.add(port)
+        _claims[port] = claim
+        if len(_claims) > CLAIMS_KEPT:
+            os.close(_claims.pop(next(iter(_claims))))
         return port
     raise RuntimeError("no free loopback port found")
+
+
+def _claim(path: Path) -> int | None:
+    """An open descriptor of ``path`` holding its exclusive ``flock``, or None if another process
+    holds it."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(descriptor)
+        return None
+    return descriptor
 
 
 def cache_dir() -> Path:
