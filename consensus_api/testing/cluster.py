@@ -49,6 +49,8 @@ LEADER, FOLLOWER = "leader", "follower"
 SESSION_ROLES = ("coordinator", "log leader")
 #: How often ``wait_ready`` and ``wait_leader`` ask the nodes.
 POLL = 0.05
+#: Between two asks whether every replica is in sync (each one opens a client).
+IN_SYNC_POLL = 0.25
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class ClusterHandle:
         status: Callable[[int], NodeStatus | None],
         serves_session: Callable[[int, Mapping[str, Any]], bool],
         holders: Callable[[int, Mapping[str, Any]], dict[str, int]] | None = None,
+        in_sync: Callable[[int], bool | None] | None = None,
     ) -> None:
         self.name = name
         self.url = url
@@ -103,6 +106,7 @@ class ClusterHandle:
         self._status = status
         self._serves_session = serves_session
         self._holders = holders
+        self._in_sync = in_sync
         self._control: Path | None = None
 
     def __repr__(self) -> str:
@@ -204,10 +208,31 @@ class ClusterHandle:
                 handle.spawn()
 
     def restart(self, timeout: float = 60, node: int | None = None) -> None:
-        """Kill and start node ``node`` (every node when None), then wait until the cluster serves."""
+        """Kill and start node ``node`` (every node when None), then wait until the cluster serves
+        and, where data is replicated outside the quorum (Kafka's partitions), every replica is in
+        sync again: what a rolling restart waits for before its next node."""
+        deadline = time.monotonic() + timeout
         self.kill(node)
         self.spawn(node)
         self.wait_ready(timeout)
+        self.wait_in_sync(max(0.1, deadline - time.monotonic()))
+
+    def wait_in_sync(self, timeout: float) -> None:
+        """Block until a node reports every replica in sync (at once for backends without replicas
+        outside their quorum); RuntimeError after ``timeout``."""
+        if self._in_sync is None:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            for handle in self.nodes:
+                answer = self._in_sync(handle.port) if handle.running() else None
+                if answer is not None:
+                    if answer:
+                        return
+                    break  # one node's view of the cluster's metadata is enough
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} cluster: replicas not in sync after {timeout:g}s")
+            time.sleep(IN_SYNC_POLL)
 
     def running(self) -> bool:
         """True while every node's process exists (paused counts as running)."""

@@ -121,7 +121,14 @@ def start_cluster(workdir: Path | None, nodes: int) -> ClusterHandle:
         raise
     url = "kafka://" + ",".join(f"{HOST}:{client[n]}" for n in ids)
     return ClusterHandle(
-        "kafka", url, handles, directory, link_process, status=status, serves_session=serves_session
+        "kafka",
+        url,
+        handles,
+        directory,
+        link_process,
+        status=status,
+        serves_session=serves_session,
+        in_sync=in_sync,
     ).start(START_TIMEOUT)
 
 
@@ -305,6 +312,27 @@ def log_leader(port: int, topic: str) -> int | None:
     finally:
         admin.close()
     return int(leaders[0]) if leaders and leaders[0] >= 0 else None
+
+
+def in_sync(port: int) -> bool | None:
+    """Whether every partition of every topic has all its replicas in its ISR, as the broker at
+    ``port`` says; None if it does not answer."""
+    from kafka.errors import KafkaError  # noqa: PLC0415 - the testing extra
+
+    admin = admin_client(port)
+    if admin is None:
+        return None
+    try:
+        topics = admin.describe_topics()
+        return all(
+            set(partition["isr_nodes"]) == set(partition["replica_nodes"])
+            for topic in topics
+            for partition in topic["partitions"]
+        )
+    except (KafkaError, KeyError, ValueError):
+        return None
+    finally:
+        admin.close()
 
 
 def holders(port: int, identity: Mapping[str, Any]) -> dict[str, int]:
