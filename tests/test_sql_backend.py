@@ -27,8 +27,9 @@ from consensus_api.config import Options, Security, parse_url
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.testing import ServerHandle, start_server
-from consensus_backends.sql.changes import DataVersion
+from consensus_backends.sql.changes import AFTER_CHANGE_POLL, IDLE_GROWTH, DataVersion, Pace
 from consensus_backends.sql.engine import create, is_retryable, sqlite_write_lock_holder, stall_limit
+from consensus_backends.sql.schema import Tables
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION_TIMEOUT = 12.0
@@ -129,7 +130,7 @@ def test_sqlite_change_poll_reads_the_log_only_after_another_connection_committe
     included) and none otherwise; a closed probe reports one at its next call."""
     database = tmp_path / "version.db"
     engine = create(parse_url(f"sqlite:///{database}")[0], Options())
-    probe = DataVersion(engine)
+    probe = DataVersion(engine, Tables("consensus_"))
     try:
         assert probe.changed(), "the first probe always reads the log"
         assert not probe.changed()
@@ -155,6 +156,47 @@ def test_sqlite_change_poll_reads_the_log_only_after_another_connection_committe
     finally:
         probe.close()
         engine.dispose()
+
+
+def test_sqlite_change_poll_reads_the_rows_after_a_revision_on_its_own_connection(tmp_path: Path) -> None:
+    database = tmp_path / "rows.db"
+    engine = create(parse_url(f"sqlite:///{database}")[0], Options())
+    tables = Tables("consensus_")
+    tables.metadata.create_all(engine)
+    probe = DataVersion(engine, tables)
+    try:
+        assert probe.rows_after(0) == []
+        with sqlite3.connect(database) as other:
+            other.executemany(
+                "INSERT INTO consensus_changes (kind, name) VALUES (?, ?)",
+                [("value", "a"), ("group", "g"), ("value", "a/b")],
+            )
+        assert probe.changed()
+        assert probe.rows_after(0) == [(1, "value", "a"), (2, "group", "g"), (3, "value", "a/b")]
+        assert [row.name for row in probe.rows_after(1)] == ["g", "a/b"]
+        assert probe.rows_after(3) == []
+    finally:
+        probe.close()
+        engine.dispose()
+
+
+def test_sqlite_polls_soon_after_a_change_and_slows_down_while_quiet() -> None:
+    pace = Pace(0.01)
+    assert pace.interval == 0.01  # idle
+    pace.step(changed=True)
+    assert pace.interval == AFTER_CHANGE_POLL
+    intervals = []
+    for _ in range(8):
+        pace.step(changed=False)
+        intervals.append(pace.interval)
+    assert intervals == pytest.approx([min(0.01, AFTER_CHANGE_POLL * IDLE_GROWTH**n) for n in range(1, 9)])
+    assert intervals[0] < intervals[1] < 0.01 == intervals[-1]  # back to poll_interval while quiet
+    pace.step(changed=True)
+    pace.step(changed=True)  # a stream: read every millisecond
+    assert pace.interval == AFTER_CHANGE_POLL
+    shortest = Pace(0.001)  # the shortest poll_interval allowed: the pace cannot go below it
+    shortest.step(changed=False)
+    assert shortest.interval == 0.001
 
 
 def test_sqlite_names_the_process_holding_the_write_lock(tmp_path: Path) -> None:

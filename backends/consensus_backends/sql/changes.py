@@ -7,7 +7,9 @@ reads rows past the last revision it saw. On SQLite the poller first asks
 a connection of its own for ``PRAGMA data_version``, which changes whenever
 another connection committed, and reads the log only then: a poll of an
 unchanged database costs microseconds, so SQLite polls every 10 ms by
-default. SQLite commits one writer at a time, so revisions commit in order.
+default, and sooner right after a change, when a reply to it may follow
+(``Pace``); it reads the log on that connection too, with one prepared
+statement. SQLite commits one writer at a time, so revisions commit in order.
 InnoDB does not: a revision may commit after a later one, or never (its transaction rolled back), so a missing
 revision (a hole) holds the poller's position (``Holes``) while the rows
 after it are forwarded, until a share-lock read of it tells: a row (it
@@ -26,10 +28,10 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy
-from sqlalchemy import Connection, Engine, delete, func, select
+from sqlalchemy import Connection, Engine, bindparam, delete, func, select
 
 from consensus_api.backend import Target, TargetKind
 from consensus_backends.sql import statements
@@ -44,6 +46,9 @@ HOLE_SETTLE = 0.2
 #: Revisions below the newest that MySQL's feed checks for holes (transactions in flight); older
 #: ones are settled unasked, with a re-read of every watched target.
 START_WINDOW = 1000
+#: SQLite's pace after a change (``Pace``).
+AFTER_CHANGE_POLL = 0.001
+IDLE_GROWTH = 2
 
 
 def channel(t: Tables) -> str:
@@ -116,35 +121,45 @@ class ChangeFeed:
     def _poll(self) -> None:
         holes = self._holes
         last = self._last if holes is None else holes.last
-        version = DataVersion(self._engine) if self._engine.dialect.name == "sqlite" else None
+        version = DataVersion(self._engine, self._tables) if self._engine.dialect.name == "sqlite" else None
+        pace = Pace(self._poll_interval)
         try:
-            while not self._stop.wait(self._poll_interval):
+            while not self._stop.wait(pace.interval):
                 if self._rewound.is_set():
                     self._rewound.clear()
                     last = 0
                     if version is not None:
                         version.close()  # its connection may have the replaced file open
                     self._resync()
-                if version is not None and not version.changed():
+                if version is None:  # MySQL: every poll costs a round trip, so a steady pace
+                    last = self._read_after(last, holes)
                     continue
-                last = self._read_after(last, holes)
+                before = last
+                if version.changed():
+                    last = self._read_after(last, holes, version)
+                pace.step(changed=last != before)
         finally:
             if version is not None:
                 version.close()
 
-    def _read_after(self, last: int, holes: Holes | None) -> int:
-        """Forward the change rows after revision ``last``; the new ``last`` (unchanged if the read
-        failed: the next poll tries again)."""
+    def _read_after(self, last: int, holes: Holes | None, version: DataVersion | None = None) -> int:
+        """Forward the change rows after revision ``last`` (read on ``version``'s connection where
+        given); the new ``last`` (unchanged if the read failed: the next poll tries again)."""
         t = self._tables
         try:
-            with self._engine.connect() as conn:
-                rows = conn.execute(
-                    select(t.changes).where(t.changes.c.revision > last).order_by(t.changes.c.revision)
-                ).all()
-                if holes is not None:
-                    rows, resync = holes.settle(conn, t, rows)
-        except sqlalchemy.exc.SQLAlchemyError as exc:
+            if version is not None:
+                rows: Sequence[Any] = version.rows_after(last)
+            else:
+                with self._engine.connect() as conn:
+                    rows = conn.execute(
+                        select(t.changes).where(t.changes.c.revision > last).order_by(t.changes.c.revision)
+                    ).all()
+                    if holes is not None:
+                        rows, resync = holes.settle(conn, t, rows)
+        except (sqlite3.Error, sqlalchemy.exc.SQLAlchemyError) as exc:
             log.debug("polling the change log failed: %s", exc)
+            if version is not None:
+                version.close()
             return last
         if holes is None:
             resync = bool(rows) and rows[0].revision != last + 1
@@ -173,6 +188,23 @@ class ChangeFeed:
             except psycopg.Error as exc:
                 log.debug("the LISTEN connection failed: %s", exc)
                 self._stop.wait(0.25)
+
+
+class Pace:
+    """SQLite's poll interval: ``AFTER_CHANGE_POLL`` after a poll that read changes (a reply to
+    them may follow soon), then ``IDLE_GROWTH`` times longer after each quiet poll (a commit
+    without changes, such as a lease renewal, is quiet), up to ``poll_interval``. An idle session
+    polls every ``poll_interval``; a stream of changes is read every millisecond, each read a
+    probe and one prepared statement on a connection of its own."""
+
+    def __init__(self, poll_interval: float) -> None:
+        self._slowest = poll_interval
+        self.interval = poll_interval
+
+    def step(self, *, changed: bool) -> None:
+        """The last poll read changes, or not."""
+        quicker = AFTER_CHANGE_POLL if changed else IDLE_GROWTH * self.interval
+        self.interval = min(self._slowest, quicker)
 
 
 class Holes:
@@ -228,14 +260,26 @@ def _probe(conn: Connection, t: Tables, revision: int) -> Any:
         return False
 
 
+class ChangeRow(NamedTuple):
+    """One change-log row."""
+
+    revision: int
+    kind: str
+    name: str
+
+
 class DataVersion:
     """SQLite's ``PRAGMA data_version`` on a connection of its own, which never writes: it changes
-    whenever another connection committed. A failed probe counts as a change (the caller reads)."""
+    whenever another connection committed. A failed probe counts as a change (the caller reads).
+    ``rows_after`` reads the change log on the same connection."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, t: Tables) -> None:
         self._engine = engine
         self._connection: Any = None
         self._seen: object = None
+        c = t.changes.c
+        query = select(c.revision, c.kind, c.name).where(c.revision > bindparam("after")).order_by(c.revision)
+        self._rows_after = str(query.compile(dialect=engine.dialect))
 
     def changed(self) -> bool:
         """True if a commit may have happened since the last call (always on the first)."""
@@ -250,6 +294,16 @@ class DataVersion:
         changed: bool = version != self._seen
         self._seen = version
         return changed
+
+    def rows_after(self, revision: int) -> list[ChangeRow]:
+        """The change rows after ``revision``, in order (``sqlite3.Error`` if the read failed)."""
+        if self._connection is None:
+            self._connection = self._engine.raw_connection()
+        cursor = self._connection.cursor()
+        try:
+            return [ChangeRow(*row) for row in cursor.execute(self._rows_after, (revision,))]
+        finally:
+            cursor.close()
 
     def close(self) -> None:
         """Give the connection back; the next probe opens another (and reports a change)."""
