@@ -37,9 +37,8 @@ class Rosters:
         self._channel = channel
         self._state = state
         self._lock = threading.Lock()
-        self._read: dict[
-            str, tuple[GroupView, Roster]
-        ] = {}  # group id -> the last Stable view read, its roster
+        #: Group id -> the last Stable view read, and its roster.
+        self._read: dict[str, tuple[GroupView, Roster]] = {}
         self._decoded: dict[str, dict[bytes, Metadata | None]] = {}  # group id -> its members' metadata
 
     def describe(self, group_id: str, deadline: float) -> GroupView:
