@@ -74,6 +74,28 @@ def test_a_candidate_whose_lease_expired_is_never_made_leader(tmp_path: Path) ->
         assert (leadership.leader_id, leadership.term) == ("c", 2)
 
 
+def test_a_member_id_held_by_an_expired_lease_can_be_taken_before_any_heartbeat_reaps_it(
+    tmp_path: Path,
+) -> None:
+    """A join finds the id taken by a session whose lease expired (by the database clock, not yet
+    reaped): it reaps that lease and joins; observers see the new member's data. An id held by a
+    live session is still refused."""
+    database = tmp_path / "taken.db"
+    url, options = f"sqlite:///{database}", {"session_timeout": 60}  # no heartbeat reaps during the test
+    with ca.connect(url, **options) as old, ca.connect(url, **options) as new:
+        old.group("g").join("w1", b"old")
+        old.group("g").join("w2", b"old")
+        with pytest.raises(ca.MemberExistsError):
+            new.group("g").join("w1", b"new")
+        with sqlite3.connect(database) as db:  # what the expire-session fault does to ``old``
+            db.execute(
+                "UPDATE consensus_sessions SET expires_at = 0 WHERE id ="
+                " (SELECT session_id FROM consensus_members WHERE member_id = 'w1')"
+            )
+        new.group("g").join("w1", b"new")
+        assert new.group("g").membership() == {"w1": b"new"}  # the expired lease went with both its members
+
+
 def test_killed_session_leaves_as_its_lease_expires(tmp_path: Path) -> None:
     """A live session reaps a dead one when its lease expires, not up to a heartbeat period later."""
     database = tmp_path / "reap.db"

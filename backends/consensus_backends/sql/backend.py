@@ -213,11 +213,7 @@ class SQLBackend(Liveness, Backend):
     # Membership and election
 
     def join(self, group: str, member_id: str, data: bytes) -> None:
-        def work(conn: Connection) -> None:
-            ephemeral.reap_expired(conn, self._tables)
-            ephemeral.join(conn, self._tables, self._session_id, group, member_id, data)
-
-        self._run(work)
+        self._run(lambda c: ephemeral.join(c, self._tables, self._session_id, group, member_id, data))
 
     def leave(self, group: str, member_id: str) -> None:
         self._run(lambda c: ephemeral.leave(c, self._tables, self._session_id, group, member_id))

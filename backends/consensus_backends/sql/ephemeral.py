@@ -90,10 +90,17 @@ def drop_sessions(conn: Connection, t: Tables, session_ids: Iterable[str]) -> No
 def join(  # noqa: PLR0917
     conn: Connection, t: Tables, session_id: str, group: str, member_id: str, data: bytes
 ) -> None:
-    """Add a member; ``MemberExistsError`` if a live one has that id."""
+    """Add a member; ``MemberExistsError`` if a live one has that id.
+
+    Expired leases are reaped only when the id is taken (by one of them, maybe):
+    every session's heartbeat reaps them anyway, so a join costs no read of the leases.
+    """
     row = {"grp": group, "member_id": member_id, "session_id": session_id, "data": data}
-    if not insert_if_absent(conn, t.members, ["grp", "member_id"], row):
-        raise MemberExistsError(f"group {group!r} already has a live member {member_id!r}")
+    insert = statements.of(conn, t).join
+    if not insert.run(conn, row):
+        reap_expired(conn, t)
+        if not insert.run(conn, row):
+            raise MemberExistsError(f"group {group!r} already has a live member {member_id!r}")
     log_changes(conn, t, [Target(TargetKind.GROUP, group)])
 
 

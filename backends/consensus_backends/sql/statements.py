@@ -46,6 +46,7 @@ class Statements:
         self.log = self._log(t, dialect)
         self.fence_lock, self.fence = self._fence(t, dialect)
         m, lc = t.members.c, t.leaders.c
+        self.join = InsertIfAbsent(dialect, t.members, ["grp", "member_id"])
         self.membership = select(m.member_id, m.data).where(m.grp == _bind("group", m.grp))
         service = lc.service == _bind("service", lc.service)
         self.leadership = select(lc.leader_id, lc.term).where(service, lc.leader_id.is_not(None))
