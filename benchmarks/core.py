@@ -12,6 +12,11 @@ from typing import Any
 
 #: Every wait for an event in the benchmarks ends after this many seconds at most.
 EVENT_TIMEOUT = 10.0
+#: Untimed rounds before the timed samples of the latency workloads that measure one event at a
+#: time (propagation, membership), on each side alike: a fresh process's or session's first calls
+#: compile statements and warm code paths (a PostgreSQL joiner's first join took 9-14 ms, later
+#: ones 1.3-2 ms), and with 60 samples that one start-up cost would be the p99.
+WARM_UP = 3
 
 
 @dataclass(frozen=True)

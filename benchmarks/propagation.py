@@ -4,7 +4,8 @@ Latency runs from the start of the write to the callback that delivers the
 written value (``time.monotonic`` on both ends, one process). Ours: an
 ``update`` by the benchmark session, a value listener on a second session.
 The raw side: one client writes, another client's own watch reports
-(``benchmarks.raw_watch``). The two alternate, one write at a time.
+(``benchmarks.raw_watch``). The two alternate, one write at a time, after
+``WARM_UP`` untimed writes of each.
 Targets: ours p99 <= 2 x the raw watch's p99 on ZooKeeper, etcd and
 PostgreSQL; <= 25 ms on SQLite, <= 10 ms on Kafka.
 """
@@ -15,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from benchmarks.core import EVENT_TIMEOUT, Plan, Row, Stamp, ms, ratio, within
+from benchmarks.core import EVENT_TIMEOUT, WARM_UP, Plan, Row, Stamp, ms, ratio, within
 from benchmarks.raw_watch import open_raw_watch
 from consensus_api import Session, ValueChanged, connect
 
@@ -77,6 +78,10 @@ def run(session: Session, url: str, plan: Plan, run_id: str) -> list[Row]:
             session.storage.update(key, value)
 
         try:
+            for index in range(WARM_UP):
+                _measure(ours_write, ours_pending, f"warm-o{index}".encode())
+                if raw is not None:
+                    _measure(raw.write, raw_pending, f"warm-r{index}".encode())
             for index in range(plan.propagation_samples):
                 ours_times.append(_measure(ours_write, ours_pending, f"o{index}".encode()))
                 if raw is not None:

@@ -27,9 +27,12 @@ from consensus_api.config import Options, Security, parse_url
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.testing import ServerHandle, start_server
+from consensus_backends.sql import store
 from consensus_backends.sql.changes import AFTER_CHANGE_POLL, IDLE_GROWTH, DataVersion, Pace
 from consensus_backends.sql.engine import create, is_retryable, sqlite_write_lock_holder, stall_limit
+from consensus_backends.sql.rereads import ChangeReader
 from consensus_backends.sql.schema import Tables
+from consensus_backends.sql.watchdog import Watchdog
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION_TIMEOUT = 12.0
@@ -476,3 +479,35 @@ def test_sqlite_prepared_statements_are_built_once_and_shared_by_threads(tmp_pat
         assert all(storage.fetch(f"p/{n}") == ca.Versioned(b"20", 21) for n in range(4))
         assert storage.keys("p") == {"p/seed", "p/0", "p/1", "p/2", "p/3"}
         assert session._backend._tables.statements is built  # type: ignore[attr-defined]
+
+
+def test_postgresql_change_reader_replaces_a_connection_the_server_ended(postgresql_target: str) -> None:
+    """The re-reads after a notification run on a connection of their own. When the server ends
+    it (``pg_terminate_backend``, as a restart would), the next read answers on a new connection
+    instead of failing: the listener does not wait for its retry."""
+    url = parse_url(postgresql_target)[0]
+    settings = Options(security=Security(username=url.username))
+    engine = create(url, settings)
+    tables = Tables(f"rr{uuid.uuid4().hex[:6]}_")
+    reader = ChangeReader(engine, tables, Watchdog(), settings.request_timeout)
+    try:
+        with engine.begin() as conn:
+            tables.create(conn)
+            store.put(conn, tables, "a/k", b"v")
+        assert reader.fetch("a/k") == ca.Versioned(b"v", 1)
+        with engine.connect() as admin:
+            ended = admin.execute(
+                sqlalchemy.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE query LIKE :read AND pid <> pg_backend_pid()"
+                ),
+                {"read": f"SELECT {tables.kv.name}.value%"},
+            ).all()
+        assert ended == [(True,)]
+        assert reader.fetch("a/k") == ca.Versioned(b"v", 1)
+        assert reader.keys("a") == frozenset({"a/k"})
+        assert reader.membership("g") == {}
+        assert reader.leadership("s") is None
+    finally:
+        reader.close()
+        engine.dispose()

@@ -15,6 +15,7 @@ import pytest
 import consensus_api as ca
 from consensus_api.testing import ServerHandle, start_server
 from consensus_api.testing.certificates import Impostor
+from consensus_backends.sql.engine import APPLICATION_NAME
 
 #: Slack for a refused connect on a loaded 2-core machine.
 REFUSAL_SLACK = 1.0
@@ -118,6 +119,32 @@ def test_sub_second_timeouts_connect_and_give_up_in_time(secure_postgresql: Serv
                 base.replace(f":{secure_postgresql.port}/", f":{port}/"), **options, connect_timeout=0.4
             )
         assert time.monotonic() - started < 0.4 + REFUSAL_SLACK
+
+
+def test_connections_outside_the_pool_are_opened_like_the_pool_s(secure_postgresql: ServerHandle) -> None:
+    """The LISTEN connection is opened with the pool's parameters: TLS with the server verified
+    (``verify-full``), the server options and the application name. (It was opened from the URL
+    alone: libpq's default ``sslmode=prefer``, an unverified server, no ``connect_timeout``.)"""
+    import psycopg  # noqa: PLC0415 - the postgresql extra
+
+    base, options, _ = _split(secure_postgresql)
+    plain = base.replace("postgresql+psycopg://", "postgresql://")
+    with (
+        ca.connect(base, **options),
+        psycopg.connect(
+            plain, sslmode="verify-full", sslrootcert=options["tls_ca"], autocommit=True
+        ) as admin,
+    ):
+        query = (
+            "SELECT a.query, a.application_name, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s"
+            " ON s.pid = a.pid WHERE a.usename = current_user AND a.pid <> pg_backend_pid()"
+        )
+        deadline = time.monotonic() + 10
+        while not [row for row in admin.execute(query) if row[0].startswith("LISTEN")]:
+            assert time.monotonic() < deadline, "no LISTEN connection"
+            time.sleep(0.05)
+        connections = admin.execute(query).fetchall()
+    assert {(name, ssl) for _, name, ssl in connections} == {(APPLICATION_NAME, True)}, connections
 
 
 @pytest.mark.parametrize("prefix", ['x"; drop table t; --', "a b", "", "x" * 41])

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
-from consensus_api.backend import Backend, BackendEvents, Target, TargetKind
+from consensus_api.backend import Backend, BackendEvents, Reader, Target, TargetKind
 from consensus_api.config import BackendURL, OptionParser, Options
 from consensus_api.coordinator.describe import GroupDescription, classic_mode, member
 from consensus_api.errors import (
@@ -109,6 +109,13 @@ class KafkaBackend(Backend):
             self._log.close(1.0)
         if self._channel is not None:
             self._channel.close()
+
+    def change_reader(self) -> Reader:
+        """Values and key sets as this session's state machine holds them, without ``sync``'s round
+        trip: a change is reported once the reader applied it, and the state machine only moves
+        forward, so the re-read sees the change and never less than an earlier read did. Groups
+        and elections are read as the backend reads them."""
+        return _AppliedState(self, self._state)
 
     # Storage
 
@@ -280,3 +287,23 @@ class KafkaBackend(Backend):
 
     def _deadline(self) -> float:
         return time.monotonic() + self.settings.request_timeout
+
+
+class _AppliedState:
+    """``KafkaBackend.change_reader``: keys from the state machine, groups and elections from the backend."""
+
+    def __init__(self, backend: KafkaBackend, state: StateMachine) -> None:
+        self._backend = backend
+        self._state = state
+
+    def fetch(self, key: str) -> Versioned | None:
+        return self._state.get(key)
+
+    def keys(self, namespace: str) -> frozenset[str]:
+        return self._state.children(namespace)
+
+    def membership(self, group: str) -> dict[str, bytes]:
+        return self._backend.membership(group)
+
+    def leadership(self, service: str) -> Leadership | None:
+        return self._backend.leadership(service)

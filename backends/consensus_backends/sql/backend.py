@@ -50,7 +50,6 @@ from consensus_backends.sql import ephemeral, store
 from consensus_backends.sql.changes import ChangeFeed
 from consensus_backends.sql.engine import (
     MIN_CONNECT_LEFT,
-    Watchdog,
     begin_sqlite,
     calls_until,
     create,
@@ -61,7 +60,9 @@ from consensus_backends.sql.engine import (
 from consensus_backends.sql.filecheck import FileIdentity
 from consensus_backends.sql.liveness import Liveness
 from consensus_backends.sql.nowait import STOP_IN_FENCED_WRITE, NowaitStore
+from consensus_backends.sql.rereads import ChangeReader
 from consensus_backends.sql.schema import Tables
+from consensus_backends.sql.watchdog import Watchdog
 from consensus_backends.sql.writelock import begin_eagerly, is_busy
 
 if TYPE_CHECKING:
@@ -111,6 +112,11 @@ class SQLBackend(Liveness, Backend):
         self._watchdog = Watchdog()
         self._tables = Tables(str(extra.get("table_prefix", "consensus_")))
         self._nowait = None if self._guarded else NowaitStore(self._tables, self._renew_in, self._renewed)
+        self._rereads = (
+            ChangeReader(self._engine, self._tables, self._watchdog, self.settings.request_timeout)
+            if self._autocommit_reads
+            else None
+        )
         self._session_id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._watched: set[Target] = set()
@@ -169,7 +175,13 @@ class SQLBackend(Liveness, Backend):
         finally:
             if self._nowait is not None:
                 self._nowait.close()
+            if self._rereads is not None:
+                self._rereads.close()
             self._engine.dispose()
+
+    def change_reader(self) -> Reader:
+        """PostgreSQL: one held autocommit connection (``rereads``); elsewhere the backend itself."""
+        return self._rereads or self
 
     def nowait_reader(self) -> Reader | None:
         """SQLite: reads on a held WAL connection that never wait (``nowait``); elsewhere None."""

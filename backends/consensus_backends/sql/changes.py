@@ -35,6 +35,7 @@ from sqlalchemy import Connection, Engine, bindparam, delete, func, select
 
 from consensus_api.backend import Target, TargetKind
 from consensus_backends.sql import statements
+from consensus_backends.sql.engine import own_connection
 from consensus_backends.sql.schema import MYSQL_DIALECTS, Tables
 
 log = logging.getLogger("consensus_api.sql")
@@ -172,21 +173,22 @@ class ChangeFeed:
         return rows[-1].revision if rows else last
 
     def _listen(self) -> None:
+        """Forward the notifications of a LISTEN connection, opened as the pool's are (TLS verified,
+        timeouts; ``own_connection``); after it failed, open another and re-read every target."""
         import psycopg  # noqa: PLC0415  (PostgreSQL only; the extra may be absent for SQLite users)
 
-        args, kwargs = self._engine.dialect.create_connect_args(self._engine.url)
-        kwargs = {**kwargs, "autocommit": True}
         while not self._stop.is_set():
             try:
-                with psycopg.connect(*args, **kwargs) as conn:
+                with own_connection(self._engine) as conn:
                     conn.execute(f'LISTEN "{channel(self._tables)}"')
                     self._resync()
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=0.25):
                             _, kind, name = note.payload.split(statements.NOTIFY_SEPARATOR, 2)
                             self._forward(kind, name)
-            except psycopg.Error as exc:
-                log.debug("the LISTEN connection failed: %s", exc)
+            except (psycopg.Error, sqlalchemy.exc.DBAPIError) as exc:
+                failure = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
+                log.debug("the LISTEN connection failed: %s", failure)
                 self._stop.wait(0.25)
 
 

@@ -10,8 +10,11 @@ releases its locks, and no lock is waited for longer than twice that
 client-side bounds, because a paused server or a network that stopped
 delivering answers nothing while TCP keeps the connection up (so neither
 ``statement_timeout`` nor TCP can end the wait): a new connection gets at
-most the time its call has left (``calls_until``), and the ``Watchdog`` cuts
-the socket of a call that outlives its deadline, so the driver fails at once.
+most the time its call has left (``calls_until``), and the ``Watchdog``
+(``watchdog``) cuts the socket of a call that outlives its deadline, so the
+driver fails at once. A connection a backend holds outside the pool (the LISTEN
+connection, PostgreSQL's re-reads) is opened by ``own_connection`` with the
+pool's parameters.
 MySQL/MariaDB (PyMySQL) get the same bounds with their own settings
 (``mysql.session_settings``) and the same ``Watchdog``.
 """
@@ -19,12 +22,9 @@ MySQL/MariaDB (PyMySQL) get the same bounds with their own settings
 from __future__ import annotations
 
 import contextlib
-import heapq
 import importlib.util
-import itertools
 import math
 import os
-import socket
 import sqlite3
 import ssl
 import threading
@@ -108,6 +108,8 @@ _call_deadline = threading.local()
 
 #: A connection is not begun with less time than this left before its call's deadline.
 MIN_CONNECT_LEFT = 0.01
+#: What PostgreSQL shows for our connections (``pg_stat_activity.application_name``).
+APPLICATION_NAME = "consensus-api"
 #: libpq's shortest connect_timeout (1 means 2).
 LIBPQ_MIN_CONNECT = 2
 
@@ -128,77 +130,21 @@ def calls_until(deadline: float, min_left: float = MIN_CONNECT_LEFT) -> Iterator
         _call_deadline.value = previous
 
 
-#: Disarmed deadlines the watchdog's queue may hold beyond twice the armed ones before it is compacted.
-STALE_ENTRIES = 64
+def own_connection(engine: Engine, deadline: float | None = None) -> Any:
+    """A PostgreSQL connection of ``engine`` outside its pool, in autocommit, for the caller to close.
 
-
-class Watchdog:
-    """Cuts the connection of a call that outlives its deadline (one thread for every call).
-
-    ``arm(dbapi_connection, deadline)`` returns a token; ``disarm(token)`` returns
-    True if the watchdog cut the connection meanwhile. A cut shuts the socket
-    down (on a duplicate of its descriptor), so the driver's wait ends with a
-    disconnect error and SQLAlchemy discards the connection.
+    Opened by the pool's own path, so with every parameter the pool's
+    connections get (TLS verification, client certificate, server options,
+    ``connect_timeout``), and given up by ``deadline`` where one is given
+    (``calls_until``). Errors as the pool's: SQLAlchemy's ``DBAPIError``.
     """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._armed: dict[int, Any] = {}
-        self._queue: list[tuple[float, int]] = []
-        self._fired: set[int] = set()
-        self._tokens = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def arm(self, dbapi_connection: Any, deadline: float) -> int:
-        """Watch ``dbapi_connection`` until ``deadline``; the thread wakes only for an earlier deadline."""
-        token = next(self._tokens)
-        with self._cond:
-            self._armed[token] = dbapi_connection
-            if len(self._queue) > 2 * len(self._armed) + STALE_ENTRIES:
-                self._queue = [entry for entry in self._queue if entry[1] in self._armed]
-                heapq.heapify(self._queue)
-            heapq.heappush(self._queue, (deadline, token))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="consensus-sql-watchdog", daemon=True)
-                self._thread.start()
-            elif self._queue[0][1] == token:
-                self._cond.notify()
-        return token
-
-    def disarm(self, token: int) -> bool:
-        with self._cond:
-            self._armed.pop(token, None)
-            if token in self._fired:
-                self._fired.discard(token)
-                return True
-            return False
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._queue and self._queue[0][1] not in self._armed:
-                    heapq.heappop(self._queue)
-                wait = self._queue[0][0] - time.monotonic() if self._queue else None
-                if wait is None or wait > 0:
-                    self._cond.wait(wait)
-                    continue
-                _, token = heapq.heappop(self._queue)
-                connection = self._armed.pop(token)
-                self._fired.add(token)
-            _cut(connection)
-
-
-def _cut(dbapi_connection: Any) -> None:
-    """Shut the socket of a psycopg or PyMySQL connection down; the connection itself stays the driver's."""
-    try:
-        pgconn = getattr(dbapi_connection, "pgconn", None)
-        descriptor = pgconn.socket if pgconn is not None else dbapi_connection._sock.fileno()
-        duplicate = socket.socket(fileno=os.dup(descriptor))
-    except Exception:  # closed meanwhile: nothing to cut
-        return
-    with contextlib.suppress(OSError):
-        duplicate.shutdown(socket.SHUT_RDWR)
-    duplicate.close()
+    with calls_until(deadline) if deadline is not None else contextlib.nullcontext():
+        pooled = engine.raw_connection()
+    connection: Any = pooled.driver_connection
+    pooled.detach()  # closed by its holder, never handed back to the pool
+    connection.rollback()  # ends what the dialect's first-connect queries began: idle, no round trip
+    connection.autocommit = True
+    return connection
 
 
 def _require_psycopg() -> None:
@@ -273,6 +219,7 @@ def _postgresql(url: BackendURL, settings: Options) -> Engine:
         connect_args={
             "connect_timeout": max(LIBPQ_MIN_CONNECT, math.ceil(settings.connect_timeout)),
             "options": _server_options(settings),
+            "application_name": APPLICATION_NAME,
             # Without TLS, no silent TLS attempt followed by a second, plain login (libpq's "prefer").
             "sslmode": "disable",
             **_tls_parameters(settings),

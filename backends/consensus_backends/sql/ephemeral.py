@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import Connection, and_, delete, func, literal, select, update
 
@@ -115,7 +116,11 @@ def leave(conn: Connection, t: Tables, session_id: str, group: str, member_id: s
 
 def membership(conn: Connection, t: Tables, group: str) -> dict[str, bytes]:
     """The members of ``group`` and their data."""
-    rows = conn.execute(statements.of(conn, t).membership, {"b_group": group})
+    return members(conn.execute(statements.of(conn, t).membership, {"b_group": group}))
+
+
+def members(rows: Iterable[Any]) -> dict[str, bytes]:
+    """The rows of the ``membership`` statement as what ``membership`` returns."""
     return {row.member_id: bytes(row.data) for row in rows}
 
 
@@ -141,7 +146,11 @@ def resign(conn: Connection, t: Tables, session_id: str, service: str, candidate
 
 def leadership(conn: Connection, t: Tables, service: str) -> Leadership | None:
     """The current leader of ``service`` and its term."""
-    row = conn.execute(statements.of(conn, t).leadership, {"b_service": service}).first()
+    return leader(service, conn.execute(statements.of(conn, t).leadership, {"b_service": service}).first())
+
+
+def leader(service: str, row: Any) -> Leadership | None:
+    """A row of the ``leadership`` statement (or None: no leader) as what ``leadership`` returns."""
     return None if row is None else Leadership(service, row.leader_id, row.term)
 
 

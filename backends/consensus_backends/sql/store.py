@@ -6,7 +6,8 @@ tombstone's version: versions strictly increase per key, always.
 
 from __future__ import annotations
 
-from typing import NoReturn
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
 from sqlalchemy import Connection, func, select
 
@@ -22,7 +23,11 @@ from consensus_backends.sql.schema import Tables
 
 def fetch(conn: Connection, t: Tables, key: str) -> Versioned | None:
     """The live value of ``key``, or None."""
-    row = conn.execute(statements.of(conn, t).fetch, {"b_key": key}).first()
+    return versioned(conn.execute(statements.of(conn, t).fetch, {"b_key": key}).first())
+
+
+def versioned(row: Any) -> Versioned | None:
+    """A row of the ``fetch`` statement (or None: no live key) as what ``fetch`` returns."""
     return None if row is None else Versioned(bytes(row.value), row.version)
 
 
@@ -61,7 +66,11 @@ def delete(conn: Connection, t: Tables, key: str, version: int | None) -> None:
 
 def keys(conn: Connection, t: Tables, namespace: str) -> frozenset[str]:
     """The live keys exactly one level below ``namespace``."""
-    rows = conn.execute(statements.of(conn, t).keys, {"b_parent": namespace})
+    return key_set(conn.execute(statements.of(conn, t).keys, {"b_parent": namespace}))
+
+
+def key_set(rows: Iterable[Any]) -> frozenset[str]:
+    """The rows of the ``keys`` statement as what ``keys`` returns."""
     return frozenset(row.key for row in rows)
 
 
