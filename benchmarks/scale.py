@@ -33,7 +33,15 @@ from typing import Any
 
 from benchmarks.core import Plan, Row, Stamp, rss_mb, within
 from benchmarks.procs import Child, ChildError
-from consensus_api import MembershipChanged, Session, ValueChanged, config, connect, registry
+from consensus_api import (
+    MembershipChanged,
+    OperationTimeoutError,
+    Session,
+    ValueChanged,
+    config,
+    connect,
+    registry,
+)
 
 PER_GROUP = 10
 #: Target: everything converges within this many milliseconds per member or watched key (50 s
@@ -123,6 +131,20 @@ def _watched(size: int, writer: Session, observer: Session, run: str, deadline: 
     }
 
 
+def _catch_up(session: Session, key: str, deadline: float) -> None:
+    """Read ``key`` until a read completes within ``request_timeout``, until ``deadline``: on Kafka
+    a read first waits for the session's replay of the whole command log, and the scale child's
+    sessions replay it side by side on two cores, which after a full run's earlier workloads (tens
+    of thousands of records) can take longer than one read may."""
+    while True:
+        try:
+            session.storage.fetch(key)
+            return
+        except OperationTimeoutError:
+            if time.monotonic() >= deadline:
+                raise
+
+
 def host(url: str, workload: str, size: int, sessions: int, deadline: float) -> str:
     """Run one workload in this (child) process; a JSON line with times (ms) and RSS (MiB)."""
     run = f"{int(time.time() * 1000) % 10**8}"
@@ -131,7 +153,7 @@ def host(url: str, workload: str, size: int, sessions: int, deadline: float) -> 
     opened: list[Session] = _parallel(range(sessions + 1), lambda _: connect(url))
     # A read catches each session up with the backend's log, so the clock times the workload, not
     # the start-up replay of what earlier workloads wrote (Kafka: every record since the topic began).
-    _parallel(opened, lambda session: session.storage.fetch(f"bench-scale-{run}/caught-up"))
+    _parallel(opened, lambda session: _catch_up(session, f"bench-scale-{run}/caught-up", deadline))
     observer, others = opened[0], opened[1:]
     idle = rss_mb()
     try:
