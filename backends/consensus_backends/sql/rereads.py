@@ -6,9 +6,10 @@ backend's own statement (``statements``, compiled once) sent by psycopg on one
 connection held outside the pool (``engine.own_connection``: opened like the
 pool's), in autocommit and prepared on the server: no pool checkout, no
 ``BEGIN``/``COMMIT``, no SQLAlchemy execution. A read right after a change is
-a read of cold code and caches; the re-read of a group took 0.67 to 0.74 ms from
-the notification to the listener through the pool, and 0.33 to 0.38 ms this way
-(PostgreSQL 15, two shared cores, p50 of 300 joins).
+a read of cold code and caches: from the notification to the listener, the
+re-read of a group took 0.67 to 0.74 ms through the pool (also on a connection
+held from it), 0.46 ms this way (PostgreSQL 15, two shared cores, p50 of 300
+joins). Each session holds one more server connection for it, from its first re-read.
 
 Each read is one statement at READ COMMITTED on the one server: it sees every
 commit that preceded it, the notified one included, and never less than an
