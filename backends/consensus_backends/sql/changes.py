@@ -35,7 +35,7 @@ from sqlalchemy import Connection, Engine, bindparam, delete, func, select
 
 from consensus_api.backend import Target, TargetKind
 from consensus_backends.sql import statements
-from consensus_backends.sql.engine import own_connection
+from consensus_backends.sql.engine import describe_error, own_connection
 from consensus_backends.sql.schema import MYSQL_DIALECTS, Tables
 
 log = logging.getLogger("consensus_api.sql")
@@ -187,8 +187,7 @@ class ChangeFeed:
                             _, kind, name = note.payload.split(statements.NOTIFY_SEPARATOR, 2)
                             self._forward(kind, name)
             except (psycopg.Error, sqlalchemy.exc.DBAPIError) as exc:
-                failure = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
-                log.debug("the LISTEN connection failed: %s", failure)
+                log.debug("the LISTEN connection failed: %s", describe_error(exc, self._engine))
                 self._stop.wait(0.25)
 
 

@@ -309,12 +309,14 @@ def is_retryable(exc: sqlalchemy.exc.DBAPIError) -> bool:
     return getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES or mysql.is_retryable(exc)
 
 
-def describe_error(exc: sqlalchemy.exc.DBAPIError, engine: Engine) -> str:
-    """The driver's one-line message, without SQL text or parameters; for SQLite's "database is
-    locked", with the process holding the write lock when the system shows it."""
-    text = str(exc.orig).strip().splitlines()
-    message = text[0] if text else type(exc.orig).__name__
-    if getattr(exc.orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY and engine.url.database:
+def describe_error(exc: Exception, engine: Engine) -> str:
+    """The driver's one-line message (of the driver's error a ``DBAPIError`` wraps, or of a driver's
+    error itself), without SQL text or parameters; for SQLite's "database is locked", with the
+    process holding the write lock when the system shows it."""
+    driver = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
+    text = str(driver).strip().splitlines()
+    message = text[0] if text else type(driver).__name__
+    if getattr(driver, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY and engine.url.database:
         holder = sqlite_write_lock_holder(engine.url.database)
         if holder is not None:
             message += f"; its write lock is held by process {holder}"

@@ -33,7 +33,7 @@ from sqlalchemy import Engine
 from consensus_api.errors import BackendUnavailableError
 from consensus_api.model import Leadership, Versioned
 from consensus_backends.sql import ephemeral, statements, store
-from consensus_backends.sql.engine import own_connection
+from consensus_backends.sql.engine import describe_error, own_connection
 from consensus_backends.sql.schema import Tables
 from consensus_backends.sql.watchdog import Watchdog
 
@@ -45,7 +45,7 @@ class ChangeReader:
     """The reads of ``consensus_api.backend.Reader`` on one connection of its own (PostgreSQL)."""
 
     def __init__(self, engine: Engine, tables: Tables, watchdog: Watchdog, timeout: float) -> None:
-        prepared = statements.Statements(tables, engine.dialect.name)
+        prepared = statements.for_dialect(tables, engine.dialect.name)
         self._sql = {read: str(getattr(prepared, read).compile(dialect=engine.dialect)) for read in READS}
         self._engine = engine
         self._watchdog = watchdog
@@ -96,8 +96,7 @@ class ChangeReader:
                     self._close()
                     if not fresh and not cut:
                         continue
-                    failure = str(exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc).strip()
-                    reason = "no answer within request_timeout" if cut else failure.partition("\n")[0]
+                    reason = "no answer within request_timeout" if cut else describe_error(exc, self._engine)
                     raise BackendUnavailableError(f"re-reading a changed target failed ({reason})") from None
                 if cut:  # answered as its socket was cut: the next read needs a new connection
                     self._close()

@@ -87,8 +87,12 @@ class Statements:
 
 def of(conn: Connection, t: Tables) -> Statements:
     """``t``'s statements for ``conn``'s dialect, built on first use."""
+    return for_dialect(t, conn.dialect.name)
+
+
+def for_dialect(t: Tables, dialect: str) -> Statements:
+    """``t``'s statements for ``dialect``, built on first use."""
     built = t.statements
-    dialect = conn.dialect.name
     if built is None or built.dialect != dialect:
         built = t.statements = Statements(t, dialect)
     return built
