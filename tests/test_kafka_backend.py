@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -23,10 +24,14 @@ from typing import Any
 import pytest
 
 import consensus_api as ca
-from consensus_api.config import Secret
+from consensus_api.backend import Target, TargetKind
+from consensus_api.config import Secret, build_options, parse_url
 from consensus_api.conformance.helpers import EventLog, wait_until
 from consensus_api.conformance.worker import WorkerProcess
 from consensus_api.testing import ServerHandle, start_server
+from consensus_backends.kafka import KafkaBackend
+from consensus_backends.kafka.channel import Channel
+from consensus_backends.kafka.groups import Groups
 
 LOST, SUSPENDED, CONNECTED = ca.SessionState.LOST, ca.SessionState.SUSPENDED, ca.SessionState.CONNECTED
 SESSION_TIMEOUT = 3.0
@@ -289,6 +294,95 @@ def test_members_of_one_session_share_a_kafka_member(connect: Any) -> None:
         group.leave(member)
     assert joiner._backend.fault_identity()["members"] == []
     assert observer.group("g").members() == {"other"}
+
+
+class _Hints:
+    """The ``BackendEvents`` of a bare backend: records each target reported changed."""
+
+    def __init__(self) -> None:
+        self.targets: list[Target] = []
+
+    def state_changed(self, state: ca.SessionState) -> None:
+        pass
+
+    def changed(self, target: Target) -> None:
+        self.targets.append(target)
+
+
+def test_an_applied_departure_reports_every_watched_target_of_its_kafka_group(url: str, connect: Any) -> None:
+    """A leave's ``DEPART`` record, once applied, reports each watched target read from that Kafka
+    group, whatever the broker's group descriptions show: a listener's read may see a member in
+    the instant between the Stable view naming it and its departure, a state no description of
+    the driver saw, and only this report is then sure to be followed by a read without it (a
+    chaos run on a Kafka cluster found a listener left with such a member for good). Targets of
+    other Kafka groups and keys are not reported."""
+    parsed, query = parse_url(url)
+    merged = {**query, "session_timeout": SESSION_TIMEOUT}
+    options = build_options(merged, KafkaBackend.options, "kafka", parsed)
+    hints = _Hints()
+    observer = KafkaBackend(parsed, options, hints)
+    observer.open()
+    try:
+        watched = Target(TargetKind.GROUP, "g")
+        others = [Target(TargetKind.ELECTION, "s"), Target(TargetKind.VALUE, "k")]
+        for target in (watched, *others):
+            observer.watch(target)
+        joiner = connect()
+        joiner.group("other").join("stays")  # the Kafka group is Stable with one member from here on
+
+        def quiet() -> bool:
+            before = len(hints.targets)
+            time.sleep(1.0)
+            return len(hints.targets) == before
+
+        wait_until(quiet, 30, what="the first descriptions' reports to end")
+        hints.targets.clear()
+        joiner.group("other").join("passes")
+        time.sleep(1.0)
+        assert watched not in hints.targets  # what a read of "g" answers never changed
+        joiner.group("other").leave("passes")
+        wait_until(lambda: watched in hints.targets, 5, what="the departure reported for g")
+        assert not set(others) & set(hints.targets)
+    finally:
+        observer.close()
+
+
+def test_the_re_reads_after_one_departure_share_one_description(
+    connect: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A departure reports every watched group of the session; their re-reads answer from one
+    DescribeGroups requested after the report, not one each, and still see the departure."""
+    watcher, holder, passer = connect(), connect(), connect()
+    names = [f"w{index}" for index in range(40)]
+    for name in names:
+        holder.group(name).join("h")
+    logs: dict[str, EventLog[ca.MembershipChanged]] = {name: EventLog() for name in names}
+    for name in names:
+        watcher.group(name).add_listener(logs[name])
+    wait_until(lambda: all(log.events for log in logs.values()), 30, what="every group's first event")
+    passer.group("w0").join("passes")
+    wait_until(lambda: "passes" in logs["w0"].events[-1].members, 10, what="the join seen")
+    rereads, describes = Counter[str](), Counter[str]()
+    membership, describe = Groups.membership, Channel.describe
+
+    def counted_membership(self: Groups, group: str, *, reread: bool = False) -> dict[str, bytes]:
+        if reread:
+            rereads[group] += 1
+        return membership(self, group, reread=reread)
+
+    def counted_describe(self: Channel, group_ids: list[str], deadline: float) -> dict[str, Any]:
+        describes[threading.current_thread().name] += 1
+        return describe(self, group_ids, deadline)
+
+    monkeypatch.setattr(Groups, "membership", counted_membership)
+    monkeypatch.setattr(Channel, "describe", counted_describe)
+    passer.group("w0").leave("passes")
+    wait_until(
+        lambda: len(rereads) == len(names), 10, what="every watched group re-read", observe=lambda: rereads
+    )
+    wait_until(lambda: logs["w0"].events[-1].members.keys() == {"h"}, 10, what="the departure seen")
+    on_dispatchers = sum(n for thread, n in describes.items() if thread.startswith("consensus-dispatch"))
+    assert on_dispatchers <= 3, describes  # one per burst of reports; a late rebalance may add one
 
 
 # Connection, options and credentials

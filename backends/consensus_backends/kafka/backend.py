@@ -114,8 +114,9 @@ class KafkaBackend(Backend):
         """Values and key sets as this session's state machine holds them, without ``sync``'s round
         trip: a change is reported once the reader applied it, and the state machine only moves
         forward, so the re-read sees the change and never less than an earlier read did. Groups
-        and elections are read as the backend reads them."""
-        return _AppliedState(self, self._state)
+        likewise, from a description requested after the report (``Groups.membership``'s
+        ``reread``); elections are read as the backend reads them."""
+        return _AppliedState(self._state, self._parts()[1])
 
     # Storage
 
@@ -250,10 +251,16 @@ class KafkaBackend(Backend):
             return self._kafka.election_id(target.name)
         return None
 
-    def _on_applied(self, targets: list[Target]) -> None:
+    def _on_applied(self, targets: list[Target], departed_in: frozenset[str]) -> None:
+        """Report the watched targets a command changed, and every watched target read from a
+        Kafka group it recorded departures in (what a read of it answers may have changed)."""
         with self._watch_lock:
             touched = [target for target in targets if target in self._watched]
+            if departed_in:
+                touched += [t for t in self._watched if t not in targets and self._group_of(t) in departed_in]
         for target in touched:
+            if self._groups is not None:
+                self._groups.reporting(target)
             self.events.changed(target)
 
     @classmethod
@@ -290,11 +297,11 @@ class KafkaBackend(Backend):
 
 
 class _AppliedState:
-    """``KafkaBackend.change_reader``: keys from the state machine, groups and elections from the backend."""
+    """``KafkaBackend.change_reader``: keys from the state machine, groups and elections from ``Groups``."""
 
-    def __init__(self, backend: KafkaBackend, state: StateMachine) -> None:
-        self._backend = backend
+    def __init__(self, state: StateMachine, groups: Groups) -> None:
         self._state = state
+        self._groups = groups
 
     def fetch(self, key: str) -> Versioned | None:
         return self._state.get(key)
@@ -303,7 +310,7 @@ class _AppliedState:
         return self._state.children(namespace)
 
     def membership(self, group: str) -> dict[str, bytes]:
-        return self._backend.membership(group)
+        return self._groups.membership(group, reread=True)
 
     def leadership(self, service: str) -> Leadership | None:
-        return self._backend.leadership(service)
+        return self._groups.leadership(service)

@@ -77,8 +77,10 @@ class CommandLog:
         settings: Settings,
         channel: Channel,
         state: StateMachine,
-        on_change: Callable[[list[Target]], None],
+        on_change: Callable[[list[Target], frozenset[str]], None],
     ) -> None:
+        """``on_change(targets, departed_in)`` follows each applied command that changed
+        ``targets`` or recorded departures in the Kafka groups ``departed_in``."""
         self._settings = settings
         self._channel = channel
         self._state = state
@@ -263,10 +265,10 @@ class CommandLog:
         if command is None:
             log.warning("skipped record %d of %s: not a consensus-api command", offset, self._settings.topic)
             return
-        outcome, targets = self._state.apply(offset, command)
+        applied = self._state.apply(offset, command)
         if command.origin is not None and command.origin[0] == self._session_id:
             slot = self._slots.get(command.origin[1])
             if slot is not None:
-                slot.settle(outcome)
-        if targets:
-            self._on_change(targets)
+                slot.settle(applied.outcome)
+        if applied.targets or applied.departed_in:
+            self._on_change(applied.targets, applied.departed_in)

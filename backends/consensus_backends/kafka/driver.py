@@ -18,7 +18,10 @@ Every ``TICK`` seconds (or at once when woken) the driver
   that (at most ``MAX_WATCH_INTERVAL`` apart), so that big groups do not
   multiply the cost of watching, and reports a target through
   ``events.changed`` when what a read of it would answer may have changed
-  (:meth:`Host.fingerprint`);
+  (:meth:`Host.fingerprint`). A read may still see a state that falls between
+  two descriptions (a member in the instant before its departure is applied);
+  the backend reports departures as the log applies them, so such a read is
+  always followed by another;
 * lists which groups of its own members are preparing a rebalance (one
   ListGroups per coordinator every ``LIST_INTERVAL``, whose cost does not
   grow with the groups) and makes those members rejoin at once, rather than
@@ -79,6 +82,9 @@ class Host(Protocol):
 
     def fingerprint(self, target: Target, view: GroupView) -> object:
         """A value that changes whenever a read of ``target`` from ``view`` may answer differently."""
+
+    def reporting(self, target: Target) -> None:
+        """A change of ``target`` is about to be reported."""
 
 
 class Worker:
@@ -264,6 +270,7 @@ class Driver:
                 if changed:
                     self._fingerprints[target] = fingerprint
             if changed:
+                self._host.reporting(target)
                 self._events.changed(target)
 
     def _state_step(self, now: float, members: list[Member]) -> None:

@@ -95,11 +95,18 @@ class Groups:
         once; raises if the record was not acknowledged (the member is given up all the same)."""
         self._remove((False, group, member_id))
 
-    def membership(self, group: str) -> dict[str, bytes]:
-        """The live members of ``group`` and their data, as of a read after the log's end."""
+    def membership(self, group: str, *, reread: bool = False) -> dict[str, bytes]:
+        """The live members of ``group`` and their data, as of a read after the log's end.
+
+        ``reread``: the re-read after a reported change, which needs no catch-up with the log
+        (a change is reported once the log applied what it depends on) and shares the first
+        description requested since the report with the other re-reads of the group.
+        """
         deadline = time.monotonic() + self._settings.request_timeout
-        self._log.sync(deadline)
-        return dict(self._rosters.entries(self._settings.members_group, group, deadline))
+        if not reread:
+            self._log.sync(deadline)
+        members_group = self._settings.members_group
+        return dict(self._rosters.entries(members_group, group, deadline, since_report=reread))
 
     # Election (docs/spec.md section 7)
 
@@ -190,6 +197,11 @@ class Groups:
         return False
 
     # Member hooks (IO thread: never block)
+
+    def reporting(self, target: Target) -> None:
+        """A change of ``target`` is about to be reported: its re-read must describe its group anew."""
+        if target.kind is TargetKind.GROUP:
+            self._rosters.reported(self._settings.members_group)
 
     def fingerprint(self, target: Target, view: GroupView) -> object:
         """What changes whenever a read of ``target`` from ``view`` may answer differently."""

@@ -10,6 +10,11 @@ roster is used for members still present, and a reader waits (at most
 ``session_timeout`` plus a second) when a Kafka member it has never seen is
 joining. Entries and Kafka members recorded as departed in the command log are
 never reported (:mod:`consensus_backends.kafka.departures`).
+
+The re-reads that follow a reported change share one description: each may
+answer from the latest description whose request went out after the last
+change reported in its Kafka group (:meth:`Rosters.reported`), so a burst of
+reports (a departure reports every watched group) costs one DescribeGroups.
 """
 
 from __future__ import annotations
@@ -40,27 +45,56 @@ class Rosters:
         #: Group id -> the last Stable view read, and its roster.
         self._read: dict[str, tuple[GroupView, Roster]] = {}
         self._decoded: dict[str, dict[bytes, Metadata | None]] = {}  # group id -> its members' metadata
+        #: Group id -> when its latest description was requested, and that description.
+        self._latest: dict[str, tuple[float, GroupView]] = {}
+        #: Group id -> when a change of a target read from it was last reported.
+        self._reported: dict[str, float] = {}
 
-    def describe(self, group_id: str, deadline: float) -> GroupView:
-        """One DescribeGroups answer for ``group_id``; Kafka errors as consensus_api errors."""
+    def reported(self, group_id: str) -> None:
+        """A change of a target read from ``group_id`` is about to be reported (call it first)."""
+        with self._lock:
+            self._reported[group_id] = time.monotonic()
+
+    def describe(self, group_id: str, deadline: float, *, since_report: bool = False) -> GroupView:
+        """One DescribeGroups answer for ``group_id``; Kafka errors as consensus_api errors. With
+        ``since_report``, the latest answer instead if it was requested after the last report."""
+        with self._lock:
+            latest = self._latest.get(group_id)
+            reported = self._reported.get(group_id)
+        if since_report and latest is not None and reported is not None and latest[0] >= reported:
+            return latest[1]
+        requested = time.monotonic()
         try:
-            return self._channel.describe([group_id], deadline)[group_id]
+            view = self._channel.describe([group_id], deadline)[group_id]
         except kerrors.KafkaError as exc:
             raise translate(exc, f"describing group {group_id!r}") from None
+        with self._lock:
+            latest = self._latest.get(group_id)
+            if latest is None or latest[0] < requested:
+                self._latest[group_id] = (requested, view)
+        return view
 
     def entries(
-        self, group_id: str, name: str, deadline: float, *, settle: bool = True
+        self,
+        group_id: str,
+        name: str,
+        deadline: float,
+        *,
+        settle: bool = True,
+        since_report: bool = False,
     ) -> list[tuple[str, bytes]]:
         """(id, data) of the accepted members of ``name`` (a group, or a service) in the Kafka group
         ``group_id``. While Kafka members never seen in a Stable roster are joining,
         wait (at most ``session_timeout`` plus a second) for the rebalance to end if ``settle``, else
-        answer at once from the last Stable roster this session saw. Departed members are left out."""
+        answer at once from the last Stable roster this session saw. Departed members are left out.
+        ``since_report``: a re-read after a reported change (see :meth:`describe`)."""
         settle_within = (
             min(self._settings.request_timeout, self._settings.session_timeout + 1) if settle else 0.0
         )
         settle_by = time.monotonic() + settle_within
         while True:
-            view = self.describe(group_id, deadline)
+            view = self.describe(group_id, deadline, since_report=since_report)
+            since_report = False  # waiting for the rebalance to end: describe again
             if view.state in GONE:
                 return []
             roster, present, departed = self._against(group_id, view)

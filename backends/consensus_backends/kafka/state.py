@@ -14,6 +14,9 @@ write.
 
 Departures (``DEPART``) record Kafka group members that left for good; a
 member id once departed stays departed (:mod:`consensus_backends.kafka.groups`).
+Applying one names the Kafka groups it touched, so that every group and
+election read from them is read again: a read that saw a member just before
+its departure was applied is then followed by one that does not.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import enum
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from consensus_api.backend import Target, TargetKind
 from consensus_api.keys import parent_of
@@ -58,6 +62,15 @@ class Outcome:
 
     result: Result
     number: int = 0
+
+
+class Applied(NamedTuple):
+    """What applying one command did: its outcome, the targets whose state it changed, and the
+    Kafka groups in which it recorded departures."""
+
+    outcome: Outcome
+    targets: list[Target]
+    departed_in: frozenset[str] = frozenset()
 
 
 class StateMachine:
@@ -97,28 +110,29 @@ class StateMachine:
         with self._lock:
             return frozenset(self._departed.get(group_id, ()))
 
-    def apply(self, offset: int, command: Command) -> tuple[Outcome, list[Target]]:
-        """Apply the command at ``offset``; its outcome and the targets it changed."""
+    def apply(self, offset: int, command: Command) -> Applied:
+        """Apply the command at ``offset``."""
         with self._lock:
             if command.op is Op.DEPART:
-                for group_id, member_id in decode_departures(command.value):
+                departures = decode_departures(command.value)
+                for group_id, member_id in departures:
                     self._departed[group_id].add(member_id)
-                return Outcome(Result.OK), []
+                return Applied(Outcome(Result.OK), [], frozenset(group_id for group_id, _ in departures))
             if command.op is Op.LEAD:
-                return self._lead(offset, command)
+                return Applied(*self._lead(offset, command))
             if command.op is Op.UNLEAD:
-                return self._unlead(command)
+                return Applied(*self._unlead(command))
             if command.fence is not None and not self._fence_holds(command.fence):
-                return Outcome(Result.FENCED), []
+                return Applied(Outcome(Result.FENCED), [])
             current = self._values.get(command.name)
             if command.op is Op.PUT:
                 if current is not None:
-                    return Outcome(Result.EXISTS), []
+                    return Applied(Outcome(Result.EXISTS), [])
             elif current is None:
-                return Outcome(Result.NOT_FOUND), []
+                return Applied(Outcome(Result.NOT_FOUND), [])
             elif command.version is not None and command.version != current.version:
-                return Outcome(Result.CONFLICT, current.version), []
-            return self._write(offset, command, created=current is None)
+                return Applied(Outcome(Result.CONFLICT, current.version), [])
+            return Applied(*self._write(offset, command, created=current is None))
 
     def _write(self, offset: int, command: Command, *, created: bool) -> tuple[Outcome, list[Target]]:
         key = command.name
