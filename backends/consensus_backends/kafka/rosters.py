@@ -70,8 +70,8 @@ class Rosters:
             raise translate(exc, f"describing group {group_id!r}") from None
         with self._lock:
             latest = self._latest.get(group_id)
-            if latest is None or latest[0] < requested:
-                self._latest[group_id] = (requested, view)
+            if group_id in self._reported and (latest is None or latest[0] < requested):
+                self._latest[group_id] = (requested, view)  # kept only where re-reads may share it
         return view
 
     def entries(
