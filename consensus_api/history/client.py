@@ -12,13 +12,16 @@ marker), and ``BYE`` after ``EXIT``, once its session is closed. The runner
 sends ``EXIT`` only when every client is ``DONE``: closing a session changes
 memberships and leaderships others are still reading. Every wait is
 bounded: the process exits by itself after ``--lifetime`` seconds or when
-stdin closes.
+stdin closes. The library logs from INFO up to stderr, which the runner keeps
+beside the history as ``<run>.log``, each line stamped with the journal's
+clock (``time.monotonic_ns``) so that it reads against the history.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import queue
 import random
@@ -53,6 +56,23 @@ def report_session(session: Session) -> None:
     """Tell the runner what names ``session`` on the server now (``Backend.fault_identity``)."""
     identity = session._backend.fault_identity()  # the SPI's test-only hook
     say(f"SESSION {json.dumps(identity, separators=(',', ':'))}")
+
+
+class _JournalClock(logging.Formatter):
+    """Stamps a record with the journal's clock, then names its thread, logger and level."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = f"{time.monotonic_ns()} {record.threadName} {record.name} {record.levelname}"
+        return f"{stamp}: {super().format(record)}"
+
+
+def log_to_stderr() -> None:
+    """The library's records from INFO up to stderr, stamped with the journal's clock."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JournalClock())
+    library = logging.getLogger("consensus_api")
+    library.setLevel(logging.INFO)
+    library.addHandler(handler)
 
 
 class Commands:
@@ -131,6 +151,7 @@ def serve(
     configuration), journal, tell the runner the session at each CONNECTED; ``start`` sets the workload
     up, then ``READY``, the workload, ``STOPPED``, on ``FINAL`` its final markers and ``DONE``, on
     ``EXIT`` ``BYE``. A ``ConsensusError`` ends the workload early; the session is always closed."""
+    log_to_stderr()
     deadline = time.monotonic() + args.lifetime
     commands = Commands()
     options: dict[str, Any] = {
