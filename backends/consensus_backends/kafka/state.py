@@ -119,9 +119,9 @@ class StateMachine:
                     self._departed[group_id].add(member_id)
                 return Applied(Outcome(Result.OK), [], frozenset(group_id for group_id, _ in departures))
             if command.op is Op.LEAD:
-                return Applied(*self._lead(offset, command))
+                return self._lead(offset, command)
             if command.op is Op.UNLEAD:
-                return Applied(*self._unlead(command))
+                return self._unlead(command)
             if command.fence is not None and not self._fence_holds(command.fence):
                 return Applied(Outcome(Result.FENCED), [])
             current = self._values.get(command.name)
@@ -132,9 +132,9 @@ class StateMachine:
                 return Applied(Outcome(Result.NOT_FOUND), [])
             elif command.version is not None and command.version != current.version:
                 return Applied(Outcome(Result.CONFLICT, current.version), [])
-            return Applied(*self._write(offset, command, created=current is None))
+            return self._write(offset, command, created=current is None)
 
-    def _write(self, offset: int, command: Command, *, created: bool) -> tuple[Outcome, list[Target]]:
+    def _write(self, offset: int, command: Command, *, created: bool) -> Applied:
         key = command.name
         targets = [Target(TargetKind.VALUE, key)]
         if command.op is Op.DELETE:
@@ -142,27 +142,27 @@ class StateMachine:
             self._children[parent_of(key)].discard(key)
             if not self._children[parent_of(key)]:
                 del self._children[parent_of(key)]
-            return Outcome(Result.OK), [*targets, Target(TargetKind.KEYSET, parent_of(key))]
+            return Applied(Outcome(Result.OK), [*targets, Target(TargetKind.KEYSET, parent_of(key))])
         self._values[key] = Versioned(command.value, offset + 1)
         if created:
             self._children[parent_of(key)].add(key)
             targets.append(Target(TargetKind.KEYSET, parent_of(key)))
-        return Outcome(Result.OK, offset + 1), targets
+        return Applied(Outcome(Result.OK, offset + 1), targets)
 
     def _fence_holds(self, fence: Leadership) -> bool:
         lease = self._leases.get(fence.service, VACANT)
         return lease.leader == fence.leader_id and lease.term == fence.term
 
-    def _lead(self, offset: int, command: Command) -> tuple[Outcome, list[Target]]:
+    def _lead(self, offset: int, command: Command) -> Applied:
         lease = self._leases.get(command.name, VACANT)
         if command.term != lease.term:
-            return Outcome(Result.REJECTED, lease.term), []
+            return Applied(Outcome(Result.REJECTED, lease.term), [])
         self._leases[command.name] = Lease(offset + 1, command.candidate, command.member)
-        return Outcome(Result.OK, offset + 1), [Target(TargetKind.ELECTION, command.name)]
+        return Applied(Outcome(Result.OK, offset + 1), [Target(TargetKind.ELECTION, command.name)])
 
-    def _unlead(self, command: Command) -> tuple[Outcome, list[Target]]:
+    def _unlead(self, command: Command) -> Applied:
         lease = self._leases.get(command.name, VACANT)
         if lease.term != command.term or lease.member != command.member or lease.leader is None:
-            return Outcome(Result.REJECTED, lease.term), []
+            return Applied(Outcome(Result.REJECTED, lease.term), [])
         self._leases[command.name] = Lease(lease.term)
-        return Outcome(Result.OK, lease.term), [Target(TargetKind.ELECTION, command.name)]
+        return Applied(Outcome(Result.OK, lease.term), [Target(TargetKind.ELECTION, command.name)])
