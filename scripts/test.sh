@@ -65,9 +65,14 @@ conform() {  # one conformance run in the background: entry [selection [suffix o
 }
 # A test that failed runs once more, alone, on a fresh server (<entry>.rerun.*): the results name it
 # "flaky" if it then passes, and count it failed if it fails again (docs/decisions.md, "CI: one rerun").
+# A run that ended without its summary (its server did not start, or the process died) runs once more whole.
 rerun_failed() {  # the entries of the wave that just ended
     local entry names
     for entry in "$@"; do
+        if [ ! -s "$out/$entry.json" ]; then
+            echo "rerun on $entry: the whole run, which ended without a summary" && conform "$entry" "" .rerun
+            continue
+        fi
         names=$(sed -n 's/^\(FAILED\|ERROR\) [^:]*::\([A-Za-z0-9_]*\).*/\2/p' "$out/$entry.log" | sort -u |
             paste -sd ' ' | sed 's/ / or /g')
         [ -n "$names" ] && echo "rerun on $entry: $names" && conform "$entry" "$names" .rerun
@@ -152,6 +157,7 @@ out, backends = pathlib.Path(sys.argv[1]), sys.argv[2:]
 console = Console(width=120)
 passed = failed = 0
 flaky: list[str] = []  # failed once, then passed on their rerun
+digest: list[str] = []  # the logs whose last lines end the output: why something failed
 
 def tail(name: str, size: int = 8000) -> None:
     path = out / name
@@ -177,7 +183,12 @@ for b in backends:
     again = report(f"{b}.rerun.json") if (out / f"{b}.rerun.json").exists() else None
     if again is not None:
         tail(f"{b}.log")  # the first failures, whatever the rerun gives
-        if r["passed"] and again["passed"] >= r["failed"] and not again["failed"] and not again["skipped"]:
+        clean = not again["failed"] and not again["skipped"]
+        if not (out / f"{b}.json").stat().st_size and again["passed"] and clean:  # a whole run once more
+            flaky.append(f"{b}: the whole run, which first ended without a summary")
+            digest.append(f"{b}.log")
+            r = {**again, "flaky": 1}
+        elif r["passed"] and again["passed"] >= r["failed"] and clean:
             flaky += [f"{b}: {name}" for name in rerun_names(f"{b}.log")]
             r = {**r, "passed": r["passed"] + r["failed"], "failed": 0, "flaky": r["failed"]}
         else:
@@ -194,6 +205,8 @@ for b in backends:
                   str(r.get("flaky", 0)))
     if bad and again is None:
         tail(f"{b}.log")
+    if bad:
+        digest.append(f"{b}.log" if again is None else f"{b}.rerun.log")
 console.print(table)
 
 def junit(name: str) -> tuple[int, int, int]:
@@ -203,7 +216,7 @@ def junit(name: str) -> tuple[int, int, int]:
         suite = root if root.tag == "testsuite" else root.find("testsuite")
         tests, failures, errors, skipped = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
     except (OSError, ET.ParseError, AttributeError):
-        return 0, 1, 0
+        return 1, 1, 0
     return tests, failures + errors, skipped
 
 tests, own_failed, own_skipped = junit("own.xml")
@@ -221,6 +234,7 @@ failed += own_bad
 console.print(f"own tests: {tests - own_bad} passed, {own_bad} failed or skipped")
 if own_bad:
     tail("own.log", 20000)
+    digest.append("own.rerun.log" if (out / "own.rerun.log").exists() else "own.log")
 
 # tooz's suite skips by itself what it does not test on a driver (e.g. a test it runs only for its own
 # etcd3gw, memcached and Redis drivers): its skips are reported, its failures fail CI
@@ -234,6 +248,7 @@ for b in (b for b in backends if ":" not in b):
     tooz.add_row(b, str(tests - bad - skipped), str(bad), str(skipped))
     if bad or not tests:
         tail(f"tooz-{b}.log")
+        digest.append(f"tooz-{b}.log")
 console.print(tooz)
 
 check_rc = (out / "check.rc").read_text().strip() if (out / "check.rc").exists() else "missing"
@@ -251,8 +266,11 @@ if check_rc == "0" and not runs_failed:
 else:
     failed += 1
     tail("chaos.log")
+    digest.append("chaos.log")
 console.print(f"chaos runs failed: {runs_failed or 'none'}; Spark check exit {check_rc}", markup=False)
 
+for name in digest:  # again, briefly, at the end, where a reader of the output's last lines sees it
+    tail(name, 1500)
 console.print(f"flaky (failed once, passed on the rerun): {flaky or 'none'}", markup=False)
 print(f"tests: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

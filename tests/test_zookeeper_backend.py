@@ -175,3 +175,26 @@ def test_fetch_writes_a_quorum_barrier(zk_server: ServerHandle, zk_connect: Conn
         before = server_zxid(zk_server)
         read()
         assert server_zxid(zk_server) == before + 1
+
+
+def test_a_fenced_write_after_a_quiet_spell_first_commits_a_quorum_barrier(
+    zk_server: ServerHandle, zk_connect: Connect
+) -> None:
+    """While its requests are being answered, a leader's fenced write reads the election from its
+    server's copy and commits once; after a third of the session timeout without an answer (a process
+    frozen past its session timeout may have lost its session) it first commits a no-op quorum write,
+    which fails on an expired session: the zxid advances by two."""
+    session = zk_connect(zk_server, session_timeout=4)
+    election = session.election("e")
+    assert election.nominate("c") is True
+    fence = election.leadership()
+    assert fence is not None
+    session.storage.put("k", b"v")
+    before = server_zxid(zk_server)
+    session.storage.update("k", b"busy", fence=fence)
+    assert server_zxid(zk_server) == before + 1
+    time.sleep(4 / 3 + 0.2)
+    before = server_zxid(zk_server)
+    version = session.storage.update("k", b"quiet", fence=fence)
+    assert server_zxid(zk_server) == before + 2
+    assert session.storage.fetch("k") == Versioned(b"quiet", version)

@@ -92,6 +92,7 @@ class Connection(Pipeline):
         self._presumed_lost: int | None = None
         self._epoch = 0
         self._losses = 0
+        self._answered_at = float("-inf")  # nothing answered yet
         self._timer: threading.Timer | None = None
         self._security = security
         if security.handler is not None:

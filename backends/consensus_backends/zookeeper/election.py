@@ -10,7 +10,10 @@ Guarantees:
   previous leader's, so terms (czxids) strictly increase.
 * A fenced write is one transaction that checks the leader's queue znode
   (version 0: it is never modified) next to the write: it commits only while
-  that leadership is current.
+  that leadership is current. When the session has not been answered lately
+  (this process may have been frozen past its session timeout), the read that
+  finds the leader takes a quorum barrier first: on an expired session it
+  fails, and the write is never sent (the core reports ``FencedError``).
 """
 
 from __future__ import annotations
@@ -117,9 +120,13 @@ class Elections:
     def fence(self, fence: Leadership, deadline: float) -> Op:
         """The check that makes a transaction commit only while ``fence`` is the current leadership.
 
-        ``FencedError`` if it is not current now (confirmed by a linearizable read).
+        ``FencedError`` if it is not current now (confirmed by a linearizable read). The first read
+        is answered from the connected server's copy, which may lag behind the quorum, unless this
+        session has not been answered lately: then it takes the barrier too, a quorum write that
+        also fails if the session expired meanwhile (this process frozen past its session timeout,
+        its leadership handed over), so the write is not sent on a session the server has closed.
         """
-        for barrier in (False, True):
+        for barrier in (False, True) if self._connection.answered_lately() else (True,):
             leader = self._lowest(fence.service, deadline, barrier=barrier)
             if leader is not None and leader[1:] == (fence.leader_id, fence.term):
                 return check(leader[0], 0)

@@ -9,6 +9,8 @@ Guarantees:
 * No call spans two sessions: a call begun before a LOST raises ``SessionLostError``
   (a write only if it was not sent yet).
 * ``read`` with a barrier is linearizable: a no-op quorum write goes first.
+* ``answered_lately`` says whether a request was answered within the last third of
+  the session timeout (kazoo's ping interval).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class Pipeline(ABC):
     _settings: Options
     _closing: bool
     _losses: int
+    #: ``time.monotonic()`` when a request sent through ``run`` was last answered.
+    _answered_at: float
 
     @abstractmethod
     def _wait_connected(self, losses: int, deadline: float) -> bool:
@@ -81,6 +85,7 @@ class Pipeline(ABC):
                 outcomes = [self._settle(result, deadline) for result in results]
                 if idempotent:
                     self._check_session(losses)
+                self._answered_at = time.monotonic()
                 return outcomes
             except TransientError as exc:
                 if not idempotent and not isinstance(exc.__cause__, kz.ConnectionClosedError):
@@ -101,6 +106,11 @@ class Pipeline(ABC):
         wakes once, not once per reply it would otherwise catch before the next arrived."""
         if len(results) > 1:
             results[-1].wait(max(0.0, deadline - time.monotonic()))
+
+    def answered_lately(self) -> bool:
+        """Whether a request was answered within the last third of the session timeout. False after a
+        quiet spell, such as this process being frozen: its session may have expired meanwhile."""
+        return time.monotonic() - self._answered_at < self._settings.session_timeout / 3
 
     def _check_session(self, losses: int) -> None:
         if self._losses != losses:
