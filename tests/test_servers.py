@@ -118,6 +118,46 @@ def test_failed_start_raises_with_log_tail_and_cleans_up(tmp_path: Path) -> None
     assert not hanging.directory.exists()
 
 
+def _spawn_with_pid(pid: int, attempts: int = 50) -> subprocess.Popen[bytes]:
+    """A ``sleep`` process that the kernel gave ``pid``: the PID of a process that ended and was
+    reaped is handed out again (as it is within minutes on a busy machine). Root: ns_last_pid."""
+    for _ in range(attempts):
+        Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+        process = subprocess.Popen(["sleep", "60"])
+        if process.pid == pid:
+            return process
+        process.kill()
+        process.wait()
+    raise AssertionError(f"the kernel did not hand out PID {pid} again in {attempts} attempts")
+
+
+@pytest.mark.parametrize("action", ["pause", "kill", "stop"])
+def test_a_server_pid_handed_to_another_process_is_never_signalled(tmp_path: Path, action: str) -> None:
+    """The server dies and is reaped behind the handle's back (killed by another process, as a test
+    process kills a server it attached to), and its PID goes to an unrelated process: pausing,
+    killing or stopping the server leaves that process alone."""
+    server = ServerHandle(
+        "sleeper", "sleeper://", 1, tmp_path / "sleeper", command=["sleep", "600"], probe=lambda: True
+    )
+    server.directory.mkdir()
+    launch(server, 5)
+    server.write_control(tmp_path / "control.json")  # its reaper thread reaps the server when it dies
+    time.sleep(0.1)  # a process is known by PID and start time, which the kernel counts in 10 ms ticks
+    pid = server.pid
+    psutil.Process(pid).kill()
+    _eventually(lambda: not psutil.pid_exists(pid))
+    bystander = _spawn_with_pid(pid)
+    try:
+        getattr(server, action)()
+        time.sleep(0.2)
+        assert bystander.poll() is None, f"{action} signalled the process that reused PID {pid}"
+        assert psutil.Process(pid).status() != psutil.STATUS_STOPPED, f"{action} stopped PID {pid}"
+    finally:
+        bystander.kill()
+        bystander.wait()
+        server.stop()
+
+
 def test_postgresql(started: Callable[..., ServerHandle], tmp_path: Path) -> None:
     server = started("postgresql", tmp_path)
     assert server.url == f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/postgres"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import signal
 import subprocess
@@ -67,8 +66,8 @@ class ClientProcess:
             return word in self.said
 
     def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, sig)
+        """Send ``sig``, unless the process has ended (its PID may name another process by now)."""
+        self.process.send_signal(sig)
 
     def kill(self) -> None:
         """SIGKILL (continuing it first if paused) and reap, bounded."""

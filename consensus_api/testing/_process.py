@@ -1,12 +1,14 @@
 """Process, port and readiness helpers shared by the real test servers.
 
 Every server runs in its own session (mirakuru starts it with ``setsid``); it
-and its descendants are signalled by PID only, never by name. Its output goes
-to ``<dir>/server.log``.
+and its descendants are signalled by PID only, never by name, and only while
+that PID still names the process it was taken from (PID and creation time: on
+a busy machine the kernel hands out every PID again within minutes, threads
+included). Its output goes to ``<dir>/server.log``.
 
 A handle can be handed to another process through a *control file*
 (``ServerHandle.write_control`` / ``ServerHandle.attach``): JSON with the
-server's name, URL, ports, data dir, command and current PID. A handle that
+server's name, URL, ports, data dir, command and current PID with its creation time. A handle that
 restarts the server writes the new PID back, and ``stop`` of any handle bound
 to the file stops the PID the file names at that moment, so the process that
 started the server also stops a server another process restarted.
@@ -35,40 +37,55 @@ from consensus_api.config import redact_text
 from consensus_api.testing._host import HOST, log_tail
 
 
-def _descendants(pid: int) -> list[int]:
-    """PIDs of all descendants of ``pid`` (none if it is gone)."""
+def _process(pid: object, started: object = None) -> psutil.Process | None:
+    """The process ``pid`` names now, or None if there is none; given ``started`` (a creation time, as
+    a control file records it), None too if the PID now names a later process."""
+    if not isinstance(pid, int):
+        return None
     try:
-        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+        process = psutil.Process(pid)
+        if started is not None and process.create_time() != started:
+            return None
+    except psutil.NoSuchProcess:
+        return None
+    return process
+
+
+def _tree(root: psutil.Process) -> list[psutil.Process]:
+    """``root`` and all its descendants (none if ``root`` is gone or its PID names another process)."""
+    try:
+        return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
 
 
-def _alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
+def _alive(process: psutil.Process) -> bool:
+    """True while ``process`` runs and is not a zombie (False once its PID names another process)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
 
-def _send(pids: Sequence[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+def _send(processes: Sequence[psutil.Process], sig: int) -> None:
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(sig)  # psutil refuses a PID that names another process by now
 
 
-def _wait_gone(pids: Sequence[int], timeout: float) -> None:
+def _wait_gone(processes: Sequence[psutil.Process], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while any(_alive(pid) for pid in pids):
+    while any(_alive(process) for process in processes):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"processes {[p for p in pids if _alive(p)]} survived SIGKILL for {timeout}s")
+            left = [process.pid for process in processes if _alive(process)]
+            raise RuntimeError(f"processes {left} survived SIGKILL for {timeout}s")
         time.sleep(0.01)
 
 
-def _wait_reaped(pid: int, timeout: float) -> None:
-    """Wait (at most ``timeout``) until ``pid`` is gone, zombie included."""
+def _wait_reaped(process: psutil.Process, timeout: float) -> None:
+    """Wait (at most ``timeout``) until ``process`` is gone, zombie included."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and psutil.pid_exists(pid):
+    while time.monotonic() < deadline and process.is_running():
         time.sleep(0.01)
 
 
@@ -112,7 +129,8 @@ class ServerHandle:
         self._stop_timeout = stop_timeout
         self._popen_kwargs = popen_kwargs or {}
         self._executor: _SessionExecutor | None = None
-        self._adopted: int | None = None  # a server process this handle did not start with mirakuru
+        self._started: psutil.Process | None = None  # the server process the executor started
+        self._adopted: psutil.Process | None = None  # one this handle did not start with mirakuru
         self._spawned: subprocess.Popen[bytes] | None = None  # one an attached handle started
         self._attached = False
         self._control: Path | None = None
@@ -136,8 +154,8 @@ class ServerHandle:
         return pid
 
     def _pid_or_none(self) -> int | None:
-        proc = self._executor.process if self._executor else None
-        return proc.pid if proc is not None else self._adopted
+        process = self._server_process()
+        return process.pid if process is not None else None
 
     def running(self) -> bool:
         """True while the server process exists (paused counts as running)."""
@@ -146,6 +164,15 @@ class ServerHandle:
         if self._spawned is not None:
             self._spawned.poll()  # reap it if it died
         return self._adopted is not None and _alive(self._adopted)
+
+    def _running(self) -> list[psutil.Process]:
+        """The server processes alive now: the one the executor started, and an adopted one."""
+        known = [process for process in (self._started, self._adopted) if process is not None]
+        return [process for process in dict.fromkeys(known) if _alive(process)]
+
+    def _server_process(self) -> psutil.Process | None:
+        running = self._running()
+        return running[0] if running else None
 
     # Control files: handing the server to another process
 
@@ -197,7 +224,7 @@ class ServerHandle:
             proxy_target=data.get("proxy_target"),
         )
         handle._control = Path(path)
-        handle._adopted = data.get("pid")
+        handle._adopted = _process(data.get("pid"), data.get("started"))
         handle._attached = True
         return handle
 
@@ -216,23 +243,32 @@ class ServerHandle:
             "stop_signal": int(self._stop_signal),
             "stop_timeout": self._stop_timeout,
             "popen_kwargs": self._popen_kwargs,
-            "pid": self._pid_or_none() if self.running() else None,
+            **self._identity(),
         }
         staging = self._control.with_name(self._control.name + ".tmp")
         staging.write_text(json.dumps(data, indent=1))
         os.replace(staging, self._control)
 
+    def _identity(self) -> dict[str, object]:
+        """The running server process as a control file names it: its PID and creation time."""
+        process = self._server_process() if self.running() else None
+        if process is None:
+            return {"pid": None, "started": None}
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return {"pid": process.pid, "started": process.create_time()}
+        return {"pid": None, "started": None}
+
     def _adopt_current(self) -> None:
-        """Adopt the PID the control file names if another process restarted the server."""
+        """Adopt the process the control file names if another process restarted the server."""
         if self._control is None:
             return
         try:
-            pid = json.loads(self._control.read_text()).get("pid")
+            data = json.loads(self._control.read_text())
+            process = _process(data.get("pid"), data.get("started"))
         except (OSError, ValueError, AttributeError):
             return
-        own = self._executor.process.pid if self._executor and self._executor.process else None
-        if isinstance(pid, int) and pid != own and _alive(pid):
-            self._adopted = pid
+        if process is not None and process != self._started and _alive(process):
+            self._adopted = process
 
     def spawn(self) -> None:
         """Start the server process without waiting for readiness."""
@@ -257,6 +293,7 @@ class ServerHandle:
                 popen_kwargs=self._popen_kwargs,
             )
             self._executor.start()
+        self._started = _process(self._executor.process.pid if self._executor.process else None)
         self._adopted = None
         self._save_control()
 
@@ -273,7 +310,7 @@ class ServerHandle:
                 start_new_session=True,
                 **self._popen_kwargs,
             )
-        self._adopted = self._spawned.pid
+        self._adopted = _process(self._spawned.pid)
         self._save_control()
 
     def wait_ready(self, timeout: float) -> None:
@@ -295,10 +332,9 @@ class ServerHandle:
                 raise RuntimeError(f"{self.name} not ready after {timeout}s\n{log_tail(self.log_path)}")
             time.sleep(0.05)
 
-    def _family(self) -> list[int]:
+    def _family(self) -> list[psutil.Process]:
         """The server process and its descendants (PostgreSQL's children start their own sessions)."""
-        pids = [pid for pid in (self._pid_or_none(), self._adopted) if pid is not None and _alive(pid)]
-        return [member for pid in dict.fromkeys(pids) for member in (pid, *_descendants(pid))]
+        return [member for root in self._running() for member in _tree(root)]
 
     def pause(self) -> None:
         """Freeze the server process and all its descendants (SIGSTOP).
@@ -307,7 +343,7 @@ class ServerHandle:
         family was being stopped (PostgreSQL forks a backend per connection)
         would otherwise keep serving.
         """
-        stopped: set[int] = set()
+        stopped: set[psutil.Process] = set()
         for _ in range(20):
             fresh = [pid for pid in self._family() if pid not in stopped]
             if not fresh:
@@ -360,7 +396,7 @@ class ServerHandle:
         _send([pid for pid in family if _alive(pid)], signal.SIGKILL)
         _wait_gone(family, self._stop_timeout)
         self._executor = None
-        self._adopted = None
+        self._started = self._adopted = None
         self._stopped = True
         if self._control is not None:
             self._control.unlink(missing_ok=True)
