@@ -8,10 +8,11 @@ included). Its output goes to ``<dir>/server.log``.
 
 A handle can be handed to another process through a *control file*
 (``ServerHandle.write_control`` / ``ServerHandle.attach``): JSON with the
-server's name, URL, ports, data dir, command and current PID with its creation time. A handle that
-restarts the server writes the new PID back, and ``stop`` of any handle bound
-to the file stops the PID the file names at that moment, so the process that
-started the server also stops a server another process restarted.
+server's name, URL, ports, data dir, command, and current PID and its creation
+time. A handle that restarts the server writes the new process back, and
+``stop`` of any handle bound to the file stops the process the file names at
+that moment, so the process that started the server also stops a server
+another process restarted.
 """
 
 from __future__ import annotations
@@ -252,10 +253,9 @@ class ServerHandle:
     def _identity(self) -> dict[str, object]:
         """The running server process as a control file names it: its PID and creation time."""
         process = self._server_process() if self.running() else None
-        if process is None:
-            return {"pid": None, "started": None}
         with contextlib.suppress(psutil.NoSuchProcess):
-            return {"pid": process.pid, "started": process.create_time()}
+            if process is not None:
+                return {"pid": process.pid, "started": process.create_time()}
         return {"pid": None, "started": None}
 
     def _adopt_current(self) -> None:
@@ -345,7 +345,7 @@ class ServerHandle:
         """
         stopped: set[psutil.Process] = set()
         for _ in range(20):
-            fresh = [pid for pid in self._family() if pid not in stopped]
+            fresh = [process for process in self._family() if process not in stopped]
             if not fresh:
                 return
             _send(fresh, signal.SIGSTOP)
@@ -393,7 +393,7 @@ class ServerHandle:
             _send([self._adopted], self._stop_signal)
             with contextlib.suppress(RuntimeError):
                 _wait_gone([self._adopted], self._stop_timeout)
-        _send([pid for pid in family if _alive(pid)], signal.SIGKILL)
+        _send([process for process in family if _alive(process)], signal.SIGKILL)
         _wait_gone(family, self._stop_timeout)
         self._executor = None
         self._started = self._adopted = None
