@@ -166,14 +166,14 @@ class ServerHandle:
             self._spawned.poll()  # reap it if it died
         return self._adopted is not None and _alive(self._adopted)
 
-    def _running(self) -> list[psutil.Process]:
+    def _live_processes(self) -> list[psutil.Process]:
         """The server processes alive now: the one the executor started, and an adopted one."""
         known = [process for process in (self._started, self._adopted) if process is not None]
         return [process for process in dict.fromkeys(known) if _alive(process)]
 
     def _server_process(self) -> psutil.Process | None:
-        running = self._running()
-        return running[0] if running else None
+        live = self._live_processes()
+        return live[0] if live else None
 
     # Control files: handing the server to another process
 
@@ -252,7 +252,7 @@ class ServerHandle:
 
     def _identity(self) -> dict[str, object]:
         """The running server process as a control file names it: its PID and creation time."""
-        process = self._server_process() if self.running() else None
+        process = self._server_process()
         with contextlib.suppress(psutil.NoSuchProcess):
             if process is not None:
                 return {"pid": process.pid, "started": process.create_time()}
@@ -334,7 +334,7 @@ class ServerHandle:
 
     def _family(self) -> list[psutil.Process]:
         """The server process and its descendants (PostgreSQL's children start their own sessions)."""
-        return [member for root in self._running() for member in _tree(root)]
+        return [member for root in self._live_processes() for member in _tree(root)]
 
     def pause(self) -> None:
         """Freeze the server process and all its descendants (SIGSTOP).
