@@ -59,15 +59,15 @@ def test_bad_coordinator_timeouts_raise_configuration_error(
     consensus_shared_session: Session, seconds: Any
 ) -> None:
     """rebalance_timeout and ensure_active_group(timeout=) outside 0.01 s to one day raise
-    ConfigurationError before the coordinator joins anything."""
+    ConfigurationError, naming the argument, before the coordinator joins anything."""
     group = unique("ct-group")
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(ConfigurationError, match=r"^rebalance_timeout: "):
         consensus_shared_session.coordinator(group, "t", RecordingHandler(), rebalance_timeout=seconds)
-    with pytest.raises(ConfigurationError):
+    with pytest.raises(ConfigurationError, match=r"^rebalance_timeout: "):
         consensus_shared_session.incremental_coordinator(group, ["r"], print, rebalance_timeout=seconds)  # type: ignore[arg-type]
     coordinator = consensus_shared_session.coordinator(group, "t", RecordingHandler())
     try:
-        with pytest.raises(ConfigurationError):
+        with pytest.raises(ConfigurationError, match=r"^timeout: "):
             coordinator.ensure_active_group(seconds)
     finally:
         coordinator.close()

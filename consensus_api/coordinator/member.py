@@ -36,7 +36,7 @@ class GroupMember(Closing):
 
     def __init__(self, session: SessionPort, group: str, rebalance_timeout: float | None) -> None:
         self.group = check_key(group, "group name")
-        self.rebalance_timeout = _positive(rebalance_timeout, DEFAULT_REBALANCE_TIMEOUT)
+        self.rebalance_timeout = _positive("rebalance_timeout", rebalance_timeout, DEFAULT_REBALANCE_TIMEOUT)
         self._session = session
         self._cond = threading.Condition()
         self._states: list[SessionState] = []
@@ -73,7 +73,7 @@ class GroupMember(Closing):
         if timeout is None:
             bound = self.rebalance_timeout + self._session.settings.request_timeout
         else:
-            bound = _positive(timeout, 0.0)
+            bound = _positive("timeout", timeout, 0.0)
         deadline = time.monotonic() + bound
         if self._thread.stopping:
             raise self._error or self._closed()
@@ -108,14 +108,14 @@ class GroupMember(Closing):
         return SessionLostError(f"the coordinator of group {self.group!r} is closed")
 
 
-def _positive(value: float | None, default: float) -> float:
+def _positive(name: str, value: float | None, default: float) -> float:
     """``value`` (``default`` for None) if it is a number of seconds from 0.01 to ``MAX_SECONDS``,
-    else ``ConfigurationError``."""
+    else ``ConfigurationError`` naming the argument ``name``."""
     if value is None:
         return default
     if not isinstance(value, int | float):
-        raise ConfigurationError(f"expected a number of seconds, got {value!r}")
+        raise ConfigurationError(f"{name}: expected a number of seconds, got {value!r}")
     try:
         return CALL_TIMEOUT(value)
     except ValueError as exc:
-        raise ConfigurationError(str(exc)) from None
+        raise ConfigurationError(f"{name}: {exc}") from None

@@ -10,8 +10,10 @@ compared with the record's version, so a deposed arbiter changes nothing):
   they keep a protocol in common; the others are named ``rejected`` without a
   new generation, so an incompatible joiner never disturbs the group.
 * ``preparing`` -> ``syncing`` once every awaited member wrote its join; a
-  member that has not joined within ``rebalance_timeout`` is left out, also of
-  later generations until it joins again (as Kafka removes it). The
+  member that has not joined within ``rebalance_timeout`` (counted from the
+  store's last return at the earliest, and its join still missing from a
+  prompt read: :mod:`.elected`) is left out, also of later generations until
+  it joins again (as Kafka removes it). The
   protocol is chosen from the joins (:func:`negotiation.choose`), the leader
   is kept from the last generation when possible.
 * ``syncing`` -> ``stable`` once the leader's assignment is stored; the record
@@ -121,12 +123,12 @@ class Arbiter(ElectedRunner[GenerationRecord]):
         wanted = [m for m in turn.accepted if m not in self._timed_out]
         if set(wanted) != set(record.members) or requests & set(wanted):
             state = PREPARING if wanted else STABLE
-            self._new_round(record.generation + 1)
             done = record.completed if wanted else None
             new = GenerationRecord(
                 record.generation + 1, state, tuple(wanted), tuple(turn.rejected), completed=done
             )
             self._commit(turn, new)
+            self._new_round(record.generation + 1)
         elif set(turn.rejected) != set(record.rejected):
             self._commit(turn, dataclasses.replace(record, rejected=tuple(turn.rejected)))
         return IDLE
@@ -141,6 +143,9 @@ class Arbiter(ElectedRunner[GenerationRecord]):
         self._timed_out &= set(turn.accepted) - joined
         expected = [m for m in turn.accepted if m not in self._timed_out]
         if remaining <= 0:
+            if not self._store_answers_promptly():
+                return IDLE
+            joined |= self._join_keys(generation)  # every join written before the deadline passed
             self._timed_out.update(m for m in expected if m not in joined)
             expected = [m for m in expected if m in joined]
         if not expected:
@@ -174,7 +179,6 @@ class Arbiter(ElectedRunner[GenerationRecord]):
         last = record.completed.leader if record.completed else None
         leader = last if last in expected else (self._own if self._own in expected else expected[0])
         assert leader is not None
-        self._new_round(record.generation, SYNCING)
         new = dataclasses.replace(
             record,
             state=SYNCING,
@@ -184,24 +188,28 @@ class Arbiter(ElectedRunner[GenerationRecord]):
             leader=leader,
         )
         self._commit(turn, new)
+        self._new_round(record.generation, SYNCING)
 
     def _syncing(self, turn: _Turn, *, live: set[str]) -> float:
         record = turn.record
         assert record.leader is not None and record.protocol is not None
         remaining = self._remaining(record.generation, SYNCING)
-        if any(member not in live for member in record.members) or remaining <= 0:
-            if remaining <= 0:
+        assignment = self._assignment_of(record.generation, record.leader)
+        assigned = assignment is not None and assignment.version is not None
+        left = any(member not in live for member in record.members)
+        late = not left and not assigned and remaining <= 0 and self._unassigned(record)
+        if left or late:
+            if late:
                 self._timed_out.add(record.leader)
-            self._new_round(record.generation + 1)
             members = tuple(m for m in turn.accepted if m not in self._timed_out)
             new = GenerationRecord(
                 record.generation + 1, PREPARING, members, tuple(turn.rejected), completed=record.completed
             )
             self._commit(turn, new)
+            self._new_round(record.generation + 1)
             return 0.0
-        assignment = self._assignment_of(record.generation, record.leader)
         if assignment is None or assignment.version is None:
-            return max(0.01, min(IDLE, remaining))
+            return max(0.05, min(IDLE, remaining))
         done = Completed(
             record.generation, record.members, record.protocol, record.leader, assignment.version
         )
@@ -224,10 +232,21 @@ class Arbiter(ElectedRunner[GenerationRecord]):
     def _remaining(self, generation: int, state: str) -> float:
         if self._round[:2] != (generation, state):
             self._round = (generation, state, time.monotonic())
-        return self._round[2] + self._timeout - time.monotonic()
+        return self._counted_from(self._round[2]) + self._timeout - time.monotonic()
 
     def _new_round(self, generation: int, state: str = PREPARING) -> None:
         self._round = (generation, state, time.monotonic())
+
+    def _unassigned(self, record: GenerationRecord) -> bool:
+        """Whether a prompt read shows the leader's assignment of ``record`` still missing."""
+        assert record.leader is not None
+        if not self._store_answers_promptly():
+            return False
+        return self._storage.fetch(self._layout.assignment(record.generation, record.leader)) is None
+
+    def _join_keys(self, generation: int) -> set[str]:
+        """The members whose join of ``generation`` is stored now (a linearizable read)."""
+        return {key.rsplit("/", 1)[1] for key in self._storage.keys(self._layout.joins(generation))}
 
     def _joined(self, generation: int) -> set[str] | None:
         if self._joins is None or self._joins[0] != generation:

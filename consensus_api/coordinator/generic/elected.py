@@ -8,19 +8,36 @@ coordinator owns, and re-decides from their latest state after every change
 compared with the version last seen, so a deposed coordinator changes
 nothing: a conflict re-reads the record, a fenced write ends the leadership
 until the election names this member again.
+
+A deadline it gives the members (``rebalance_timeout``) is not their fault if
+the store did not serve them meanwhile: a member left out for that would keep
+running what it owns while the group hands it to another. So a deadline counts
+from the moment the store last came back at the earliest (``_counted_from``:
+this session's reconnection, or the first step after one that could not reach
+the store), and a member is left out only once the deadline passed and the
+store answered a read at once (``_store_answers_promptly``), which then also
+holds every write that completed before it.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from consensus_api.coordinator.generic.loop import Mirror, StepThread, value_mirror
-from consensus_api.errors import FencedError, KeyExistsError, KeyNotFoundError, VersionConflictError
+from consensus_api.errors import (
+    BackendUnavailableError,
+    FencedError,
+    KeyExistsError,
+    KeyNotFoundError,
+    OperationTimeoutError,
+    VersionConflictError,
+)
 from consensus_api.membership import GroupMembership
-from consensus_api.model import Leadership, MembershipChanged, ValueChanged
+from consensus_api.model import Leadership, MembershipChanged, SessionState, ValueChanged
 from consensus_api.storage import Storage
 
 if TYPE_CHECKING:
@@ -28,6 +45,8 @@ if TYPE_CHECKING:
 
 #: Seconds between steps when nothing wakes the loop.
 IDLE = 1.0
+#: Seconds within which the store must answer the read that precedes leaving a member out.
+PROMPT = 1.0
 
 
 class Record(Protocol):
@@ -54,6 +73,9 @@ class ElectedRunner(ABC, Generic[R]):
         self._members: Mirror[MembershipChanged] | None = None
         self._record: Mirror[ValueChanged] | None = None
         self._known: tuple[R | None, int | None] = (None, None)
+        self._connected_at = time.monotonic()
+        self._cut_off = False  # the last step could not reach the store
+        session.add_state_listener(self._on_state)
 
     def lead(self, leadership: Leadership | None) -> None:
         """This member leads (``leadership``) or does not (None). Any thread."""
@@ -65,7 +87,28 @@ class ElectedRunner(ABC, Generic[R]):
 
     def stop(self) -> None:
         """Stop for good; waits at most the session's ``request_timeout``."""
+        self._session.remove_state_listener(self._on_state)
         self._thread.stop(self._session.settings.request_timeout)
+
+    def _on_state(self, state: SessionState) -> None:
+        if state is SessionState.CONNECTED:
+            self._connected_at = time.monotonic()
+            self._thread.wake()
+
+    def _counted_from(self, started: float) -> float:
+        """When a members' deadline begun at ``started`` (``time.monotonic()``) starts to count: not
+        before the store last came back."""
+        return max(started, self._connected_at)
+
+    def _store_answers_promptly(self) -> bool:
+        """Read the record linearizably: True if the store answered within ``PROMPT`` seconds; else
+        False, and the members' deadlines count again from now (the store was stalled or cut off)."""
+        started = time.monotonic()
+        self._storage.fetch(self._key)
+        if time.monotonic() - started <= PROMPT:
+            return True
+        self._connected_at = time.monotonic()
+        return False
 
     @abstractmethod
     def _decide(
@@ -88,7 +131,13 @@ class ElectedRunner(ABC, Generic[R]):
         if members is None or record is None:
             return IDLE  # the first events wake us
         known, version = self._latest(record)
-        return self._decide(leadership, members, known, version)
+        if self._cut_off:
+            self._connected_at, self._cut_off = time.monotonic(), False
+        try:
+            return self._decide(leadership, members, known, version)
+        except (OperationTimeoutError, BackendUnavailableError):
+            self._cut_off = True
+            raise
 
     def _latest(self, mirror: Mirror[ValueChanged]) -> tuple[R | None, int | None]:
         event = mirror.event

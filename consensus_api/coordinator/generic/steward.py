@@ -11,7 +11,9 @@ steward's session timeout, holding its entry, so a restart within it
 disturbs nobody. Each write replaces the whole blob, compared with its version
 and fenced by the steward's leadership, so member entries and ownership change
 together and a deposed steward changes nothing. A member that does not
-acknowledge a revocation within ``rebalance_timeout`` is fenced. Members that
+acknowledge a revocation within ``rebalance_timeout`` is fenced (the deadline
+counts from the store's last return at the earliest, and a prompt read must
+show the acknowledgement still missing: :mod:`.elected`). Members that
 left are dropped and their acknowledgements deleted.
 """
 
@@ -83,19 +85,28 @@ class Steward(ElectedRunner[GroupState]):
             updated = self._subscription(ack.subscription) if ack.subscription else None
             if member in live and updated is not None:
                 live[member] = updated
-        expired = [m for m, (_, since) in self._unrevoked.items() if now - since > self._timeout]
+        expired = [
+            m for m, (_, since) in self._unrevoked.items() if now - self._counted_from(since) > self._timeout
+        ]
+        if expired and not self._store_answers_promptly():
+            expired = []  # the store was stalled or cut off: their deadlines count again from now
+        for member in expired:  # an acknowledgement stored just before the deadline counts
+            stored = self._storage.fetch(self._layout.ack(member))
+            if (ack := Ack.decode(stored.value) if stored is not None else None) is not None:
+                acks[member] = ack
         current = state if state is not None else GroupState()
         new = reconcile(current, live, acks, expired, self._assignor)
+        if state is None or new != state:
+            self._write(leadership, new, version)
+            self._forget_departed(current, new)
+        now = time.monotonic()  # a revocation's deadline starts once it is asked for
         timers: dict[str, tuple[int, float]] = {}
         for member, entry in new.members.items():
             if entry.state == UNREVOKED:
                 timer = self._unrevoked.get(member)
                 timers[member] = timer if timer is not None and timer[0] == entry.seq else (entry.seq, now)
         self._unrevoked = timers
-        if state is None or new != state:
-            self._write(leadership, new, version)
-            self._forget_departed(current, new)
-        deadlines = [since + self._timeout - now for _, since in self._unrevoked.values()]
+        deadlines = [self._counted_from(since) + self._timeout - now for _, since in self._unrevoked.values()]
         deadlines += [since + self._grace - now for since in self._gone_since.values()]
         return max(0.01, min([IDLE, *deadlines]))
 

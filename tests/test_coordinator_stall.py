@@ -1,0 +1,148 @@
+"""The generic coordinators' deadlines when the store stalls (real servers, SIGSTOP).
+
+A group's arbiter leaves out a member that has not joined within
+``rebalance_timeout``, and an incremental group's steward fences a member that
+has not acknowledged a revocation within it. When the server is frozen, nobody
+can answer; a member left out or fenced for that would keep what it owns while
+the group hands it on, or lose everything, through no fault of its own. The
+deadline must count from the moment the store serves again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import consensus_api as ca
+from consensus_api import OperationTimeoutError, ResourceHandler, ValueChanged
+from consensus_api.conformance.coordination import Ledger
+from consensus_api.conformance.helpers import wait_until
+from consensus_api.coordinator.generic.reconcile import UNREVOKED, GroupState
+from consensus_api.coordinator.generic.records import PREPARING, GenerationRecord, IncrementalLayout, Layout
+from consensus_api.testing import ServerHandle, start_server
+
+SIX = frozenset(f"r{index}" for index in range(6))
+REBALANCE = 2.0
+STALL = REBALANCE + 3.0
+#: Long enough for every session and call to outlast the stall.
+OPTIONS = {"session_timeout": 30, "request_timeout": 20}
+
+
+@pytest.fixture(params=["etcd", "postgresql"])
+def own_server(request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    """A server of each kind for one test that pauses it."""
+    with start_server(request.param) as handle:
+        yield handle
+
+
+class _SlowToStop:
+    """Records in ``ledger`` as ``member``; takes ``delay`` seconds to stop what it is revoked."""
+
+    def __init__(self, ledger: Ledger, member: str, delay: float) -> None:
+        self._inner = ledger.listener(member)
+        self._delay = delay
+
+    def on_assigned(self, resources: frozenset[str]) -> None:
+        self._inner.on_assigned(resources)
+
+    def on_revoked(self, resources: frozenset[str]) -> None:
+        if resources:
+            time.sleep(self._delay)
+        self._inner.on_revoked(resources)
+
+
+def test_a_stall_during_a_rebalance_leaves_nobody_out(own_server: ServerHandle) -> None:
+    """Eager members a and b take 0.5 s to stop their resources when c joins; the server is frozen
+    for longer than rebalance_timeout the moment the arbiter announces the rebalance, so their joins
+    wait for it. Resumed, the rebalance completes with all three: nobody ever owns more than its
+    share of two, as a member would if the others had been left out."""
+    group, ledger = "stall", Ledger()
+    sessions = [ca.connect(own_server.url, **OPTIONS) for _ in range(4)]
+    observer = sessions[3]
+    paused = threading.Event()
+    settled = [0]  # the generation a and b settled in
+
+    def pause_on_rebalance(event: ValueChanged) -> None:
+        record = GenerationRecord.decode(event.value) if event.value is not None else None
+        preparing = record is not None and record.state == PREPARING and record.generation > settled[0]
+        if preparing and not paused.is_set():
+            own_server.pause()
+            paused.set()
+
+    try:
+        members = []
+        for name, session in zip("ab", sessions, strict=False):
+            handler = ResourceHandler(SIX, _SlowToStop(ledger, name, 0.5), assignors=["range"])
+            members.append(handler.join(session, group, rebalance_timeout=REBALANCE))
+            members[-1].ensure_active_group(30)
+        wait_until(lambda: ledger.balanced(["a", "b"], SIX), 30, what="a and b share the resources")
+        settled[0] = max(member.generation().generation_id for member in members)
+        observer.listeners.add_value_listener(Layout(group).record, pause_on_rebalance)
+        mark = ledger.mark()
+        handler = ResourceHandler(SIX, _SlowToStop(ledger, "c", 0.5), assignors=["range"])
+        members.append(handler.join(sessions[2], group, rebalance_timeout=REBALANCE))
+        with contextlib.suppress(OperationTimeoutError):
+            members[-1].ensure_active_group(0.05)  # starts its join
+        assert paused.wait(30), "the rebalance was never announced"
+        time.sleep(STALL)
+        own_server.resume()
+        wait_until(lambda: ledger.balanced(["a", "b", "c"], SIX), 30, what="a, b and c share the resources")
+        owned: dict[str, set[str]] = {"a": set(), "b": set(), "c": set()}
+        for member, kind, resources in ledger.events[mark:]:
+            owned[member] = owned[member] | resources if kind == "+" else owned[member] - resources
+            assert len(owned[member]) <= 2, f"{member} was given {sorted(owned[member])}: others left out"
+        assert ledger.double_owned() == []
+    finally:
+        if paused.is_set():
+            own_server.resume()
+        for session in sessions:
+            session.close()
+
+
+def test_a_stall_while_a_member_revokes_does_not_fence_it(own_server: ServerHandle) -> None:
+    """Incremental: a owns all six and takes 0.5 s to stop what it is revoked; b joins, and the
+    server is frozen for longer than rebalance_timeout the moment the steward asks a to revoke, so
+    a's acknowledgement waits for it. Resumed, a is not fenced: it keeps its three throughout."""
+    group, ledger = "stall-incremental", Ledger()
+    sessions = [ca.connect(own_server.url, **OPTIONS) for _ in range(3)]
+    paused = threading.Event()
+
+    def pause_on_revocation(event: ValueChanged) -> None:
+        state = GroupState.decode(event.value) if event.value is not None else None
+        revoking = state is not None and any(e.state == UNREVOKED for e in state.members.values())
+        if revoking and not paused.is_set():
+            own_server.pause()
+            paused.set()
+
+    try:
+        a = sessions[0].incremental_coordinator(
+            group, SIX, _SlowToStop(ledger, "a", 0.5), rebalance_timeout=REBALANCE
+        )
+        a.ensure_active_group(30)
+        wait_until(lambda: ledger.snapshot()["a"] == SIX, 30, what="a owns all six")
+        sessions[2].listeners.add_value_listener(IncrementalLayout(group).state, pause_on_revocation)
+        mark = ledger.mark()
+        b = sessions[1].incremental_coordinator(
+            group, SIX, _SlowToStop(ledger, "b", 0.5), rebalance_timeout=REBALANCE
+        )
+        with contextlib.suppress(OperationTimeoutError):
+            b.ensure_active_group(0.05)  # starts its join
+        assert paused.wait(30), "no revocation was ever asked for"
+        time.sleep(STALL)
+        own_server.resume()
+        wait_until(lambda: ledger.balanced(["a", "b"], SIX), 30, what="a and b share the resources")
+        owned = set(SIX)
+        for member, kind, resources in ledger.events[mark:]:
+            if member == "a":
+                owned = owned | resources if kind == "+" else owned - resources
+                assert owned, "a was fenced: it revoked everything"
+        assert ledger.double_owned() == []
+    finally:
+        if paused.is_set():
+            own_server.resume()
+        for session in sessions:
+            session.close()
