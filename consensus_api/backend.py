@@ -26,6 +26,10 @@ Obligations of every backend:
   ephemeral state is gone or will be gone before any new session state is
   created; after ``LOST`` it re-establishes a session and reports
   ``CONNECTED``. The core re-joins what the application had joined.
+* ``LOST`` comes before another session can act on this one's expiry, so
+  what the application held is given up first. A session kept as a lease it
+  renews presumes the lease lapsed at ``lapses_at`` and tries a renewal then
+  (``retry_pause``), not only at its regular pace.
 * After ``watch(target)`` every change of the target's state is followed by
   at least one ``events.changed(target)``; after a reconnect the core
   re-reads every watched target itself.
@@ -34,6 +38,7 @@ Obligations of every backend:
 from __future__ import annotations
 
 import enum
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -47,6 +52,25 @@ if TYPE_CHECKING:
     from consensus_api.conformance.profile import TestProfile
     from consensus_api.coordinator.describe import GroupDescription
     from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
+
+
+#: A renewed lease is presumed lapsed this share of the session timeout (at most
+#: ``LAPSE_MARGIN_MAX`` seconds) before it can expire on the server.
+LAPSE_MARGIN = 0.1
+LAPSE_MARGIN_MAX = 0.2
+
+
+def lapses_at(renewal_began: float, session_timeout: float) -> float:
+    """When a session whose last successful renewal began at ``renewal_began`` (``time.monotonic()``)
+    presumes its lease lapsed: a margin before the earliest moment the server can expire it, which
+    counts from the renewal's arrival there, later than its start here."""
+    return renewal_began + session_timeout - min(session_timeout * LAPSE_MARGIN, LAPSE_MARGIN_MAX)
+
+
+def retry_pause(pause: float, lapse: float, shortest: float) -> float:
+    """``pause`` until the next renewal attempt of a session in trouble, cut short so that an attempt
+    comes as the lease lapses at ``lapse`` (``time.monotonic()``), but never shorter than ``shortest``."""
+    return min(pause, max(shortest, lapse - time.monotonic()))
 
 
 class TargetKind(enum.Enum):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from functools import partial
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 import consensus_api as ca
 from consensus_api import config, keys, registry
+from consensus_api.backend import lapses_at, retry_pause
 from consensus_api.dispatch import Dispatcher
 
 
@@ -197,3 +199,15 @@ def test_dispatcher_runs_in_order_on_one_thread_and_survives_errors() -> None:
     dispatcher.stop(5)
     assert [i for i, _ in seen] == list(range(5))
     assert {name for _, name in seen} == {"consensus-dispatch-test"}
+
+
+def test_a_renewed_lease_is_presumed_lapsed_a_margin_before_it_can_expire() -> None:
+    """A tenth of the session timeout, at most 0.2 s, before the server can expire it; a session in
+    trouble tries again at that moment, not only every pause."""
+    assert lapses_at(100.0, 1.0) == pytest.approx(100.9)
+    assert lapses_at(100.0, 3.0) == pytest.approx(102.8)
+    assert lapses_at(100.0, 60.0) == pytest.approx(159.8)
+    now = time.monotonic()
+    assert retry_pause(0.25, now + 10, 0.01) == 0.25
+    assert 0.01 < retry_pause(0.25, now + 0.1, 0.01) <= 0.1
+    assert retry_pause(0.25, now - 1, 0.01) == 0.01

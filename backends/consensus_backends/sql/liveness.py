@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from sqlalchemy import Connection, Engine
 
-from consensus_api.backend import BackendEvents
+from consensus_api.backend import BackendEvents, lapses_at, retry_pause
 from consensus_api.config import Options
 from consensus_api.errors import BackendUnavailableError, OperationTimeoutError, SessionLostError
 from consensus_api.model import Leadership, SessionState
@@ -81,9 +81,9 @@ class Liveness:
         lease always expires later than the next heartbeat and causes none.
 
         An attempt is the retry: it fails at once when the database cannot be
-        reached (SUSPENDED; tried again every ``TROUBLE_PAUSE``) and never runs
-        past the moment the lease lapses, which is counted from the *start* of
-        the last successful renewal (LOST). An attempt still running after
+        reached (SUSPENDED; tried again every ``TROUBLE_PAUSE``, and at the
+        moment the lease lapses) and never runs past that moment (LOST), which
+        is ``_lapses_at``: before any other session can reap the lease. An attempt still running after
         ``session_timeout / 3`` (a server that stopped answering) is reported
         SUSPENDED while it goes on. On SQLite an application write renews the
         lease too (``_renew_in``): neither SUSPENDED nor LOST is reported while
@@ -101,23 +101,25 @@ class Liveness:
                 if self._nowait is not None:
                     self._nowait.close()  # held, so not disposed: inline reads go to workers meanwhile
                 self._feed.rewind()
-            if self._beat_state is not SessionState.LOST and started >= self._renewed_at + ttl:
+            if self._beat_state is not SessionState.LOST and started >= self._lapses_at():
                 self._report(SessionState.LOST)  # the lease lapsed by our own clock
             try:
                 if self._beat_state is SessionState.LOST:
                     self._replace_lease(started + self.settings.request_timeout)
                     next_expiry: float | None = math.inf
                 else:
-                    deadline = min(started + self.settings.request_timeout, self._renewed_at + ttl)
+                    deadline = min(started + self.settings.request_timeout, self._lapses_at())
                     next_expiry = self._renew_watched(deadline, ttl / 3)
             except (OperationTimeoutError, BackendUnavailableError, SessionLostError) as exc:
                 log.debug("heartbeat failed: %s", exc)
-                lapsed = time.monotonic() - self._renewed_at > ttl
+                lapsed = time.monotonic() >= self._lapses_at()
                 lost = lapsed or self._beat_state is SessionState.LOST
                 if lapsed and self._beat_state is not SessionState.LOST:
                     log.warning("the session is lost: no renewal for session_timeout; the last try: %s", exc)
                 if lost or not self._fresh():
                     self._report(SessionState.LOST if lost else SessionState.SUSPENDED)
+                if not lost:
+                    pause = retry_pause(TROUBLE_PAUSE, self._lapses_at(), REAP_SLACK)
                 continue
             if next_expiry is None:
                 self._report(SessionState.LOST)
@@ -180,6 +182,11 @@ class Liveness:
             return None
         renewed = ephemeral.renew_lease(conn, self._tables, self._session_id, self.settings.session_timeout)
         return began if renewed else None
+
+    def _lapses_at(self) -> float:
+        """When this session presumes its lease lapsed (``backend.lapses_at``): LOST is reported, and
+        what it held given up, before another session's heartbeat can reap the lease."""
+        return lapses_at(self._renewed_at, self.settings.session_timeout)
 
     def _renewed(self, began: float) -> None:
         """A renewal that began at ``began`` committed."""

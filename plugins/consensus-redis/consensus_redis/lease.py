@@ -9,10 +9,11 @@ one is reaped as its key expires. Reads of a group or an election reap its
 dead owners too, so no read returns a member of an expired session.
 
 States: a renewal that fails is SUSPENDED (tried again every
-``TROUBLE_PAUSE``); no renewal for ``session_timeout``, counted from the
-*start* of the last successful one, or a renewal that finds the key gone, is
-LOST. Then a new session id is opened by a script that first drops what the
-old one held, and CONNECTED follows.
+``TROUBLE_PAUSE``, and as the lease lapses); no renewal until the lease is
+presumed lapsed (``consensus_api.backend.lapses_at``: a margin before the key
+can expire, counted from the *start* of the last successful renewal), or a
+renewal that finds the key gone, is LOST. Then a new session id is opened by
+a script that first drops what the old one held, and CONNECTED follows.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from consensus_api.backend import lapses_at, retry_pause
 from consensus_api.errors import BackendUnavailableError, OperationTimeoutError
 from consensus_api.model import SessionState
 from consensus_redis import scripts
@@ -95,20 +97,21 @@ class Lease:
                 return
             started = time.monotonic()
             pause = TROUBLE_PAUSE
-            if self._state is not SessionState.LOST and started >= last_renewal + self._ttl:
-                self._report(SessionState.LOST)  # the key expired by now, judged by our own clock
+            lapse = lapses_at(last_renewal, self._ttl)
+            if self._state is not SessionState.LOST and started >= lapse:
+                self._report(SessionState.LOST)  # the key may expire any moment now, by our own clock
             try:
                 if self._state is SessionState.LOST:
                     self._replace()
                     next_expiry: float | None = self._ttl
                 else:
-                    deadline = min(started + self._client.request_timeout, last_renewal + self._ttl)
-                    next_expiry = self._renew(deadline)
+                    next_expiry = self._renew(min(started + self._client.request_timeout, lapse))
             except (OperationTimeoutError, BackendUnavailableError) as exc:
                 log.debug("heartbeat failed: %s", exc)
-                lapsed = time.monotonic() - last_renewal > self._ttl
-                lost = lapsed or self._state is SessionState.LOST
+                lost = time.monotonic() >= lapse or self._state is SessionState.LOST
                 self._report(SessionState.LOST if lost else SessionState.SUSPENDED)
+                if not lost:
+                    pause = retry_pause(TROUBLE_PAUSE, lapse, REAP_SLACK)
                 continue
             if next_expiry is None:
                 self._report(SessionState.LOST)
