@@ -26,7 +26,7 @@ from consensus_api.coordinator.generic.records import PREPARING, GenerationRecor
 from consensus_api.testing import ServerHandle, start_server
 
 SIX = frozenset(f"r{index}" for index in range(6))
-REBALANCE = 2.0
+REBALANCE = 3.0
 STALL = REBALANCE + 3.0
 #: Long enough for every session and call to outlast the stall.
 OPTIONS = {"session_timeout": 30, "request_timeout": 20}
