@@ -11,7 +11,8 @@ error mapping, retries):
   version; fenced update = ``get_children`` of the election queue, then a
   multi checking the leader's znode and the marker and setting the anchor.
 * etcd (pyetcd): fetch = a linearizable range; put / update / fenced update =
-  one ``Txn`` with the same compares; keys = a keys-only prefix range.
+  one ``Txn`` with the same compares; keys = a keys-only prefix range; every
+  call with the ``hasleader`` metadata (etcd's ``WithRequireLeader``).
 
 SQL, Kafka and Redis live in ``benchmarks.raw_sql``, ``benchmarks.raw_kafka`` and
 ``benchmarks.raw_redis``.
@@ -171,6 +172,8 @@ class RawEtcd:
         from pyetcd import etcdrpc  # noqa: PLC0415
 
         self.rpc: Any = etcdrpc
+        #: What the backend sends with every call (etcd's WithRequireLeader), sent here too.
+        self.metadata = (("hasleader", "true"),)
         host, port = etcd_endpoint(url)
         self.client = pyetcd.MultiEndpointEtcd3Client(
             endpoints=[pyetcd.Endpoint(host, port, secure=False, time_retry=0.5)], timeout=10
@@ -197,13 +200,15 @@ class RawEtcd:
 
     def _txn(self, compare: list[Any], success: list[Any], failure: list[Any]) -> Any:
         request = self.rpc.TxnRequest(compare=compare, success=success, failure=failure)
-        response = self.client.kvstub.Txn(request, self.client.timeout)
+        response = self.client.kvstub.Txn(request, self.client.timeout, metadata=self.metadata)
         if not response.succeeded:
             raise RuntimeError("transaction failed")
         return response
 
     def fetch(self, key: str) -> object:
-        response = self.client.kvstub.Range(self.rpc.RangeRequest(key=self._key(key)), self.client.timeout)
+        response = self.client.kvstub.Range(
+            self.rpc.RangeRequest(key=self._key(key)), self.client.timeout, metadata=self.metadata
+        )
         kv = response.kvs[0]
         return bytes(kv.value), int(kv.mod_revision)
 
@@ -254,7 +259,7 @@ class RawEtcd:
         prefix = self._key(namespace) + b"/"
         end = prefix[:-1] + bytes([prefix[-1] + 1])
         request = self.rpc.RangeRequest(key=prefix, range_end=end, keys_only=True, limit=1000)
-        response = self.client.kvstub.Range(request, self.client.timeout)
+        response = self.client.kvstub.Range(request, self.client.timeout, metadata=self.metadata)
         children = set()
         for kv in response.kvs:
             child, slash, _ = kv.key[len(prefix) :].partition(b"/")

@@ -14,6 +14,10 @@ MAX_VALUE_BYTES = 1024 * 1024
 MAX_VERSION = 2**63 - 1
 SEPARATOR = "/"
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+#: A valid ASCII key whose segments do not start with a dot (the keys most calls use), decided by
+#: one match; any other key takes the checks that name what is wrong.
+_PLAIN_SEGMENT = f"[^/.\x00-\x1f\x7f][^/\x00-\x1f\x7f]{{0,{MAX_SEGMENT_CHARS - 1}}}"
+_PLAIN_ASCII_KEY = re.compile(f"{_PLAIN_SEGMENT}(?:/{_PLAIN_SEGMENT})*")
 
 
 def check_key(key: Any, what: str = "key") -> str:
@@ -23,6 +27,8 @@ def check_key(key: Any, what: str = "key") -> str:
     characters, is not ``.`` or ``..`` and holds no control characters; the
     whole key is at most 1024 bytes in UTF-8.
     """
+    if type(key) is str and len(key) <= MAX_KEY_BYTES and key.isascii() and _PLAIN_ASCII_KEY.fullmatch(key):
+        return key
     if not isinstance(key, str):
         raise InvalidTypeError(f"{what} must be str, not {type(key).__name__}")
     try:

@@ -8,7 +8,11 @@ application configures logging. Nothing on the hot path logs at INFO or above.
 Metrics and traces: with the ``otel`` extra (``opentelemetry-api``) installed,
 every session records the instruments named below through the global
 OpenTelemetry meter and tracer providers (no-op until the application installs
-an SDK); without it nothing is recorded and nothing is imported. Attributes are
+an SDK). Until the application installs a meter or tracer provider, every record
+would be a no-op, so operations are not measured at all (the wrapper and its
+clock reads cost a call 10-15 µs of CPU on a cold cache); from the first call
+after one is installed, they are. Without the extra nothing is recorded and
+nothing is imported. Attributes are
 the backend, the operation, the error type, the state, the group or service:
 never a key, a value, member data or a URL's credentials.
 """
@@ -16,6 +20,7 @@ never a key, a value, member data or a URL's credentials.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import threading
 import time
@@ -62,10 +67,18 @@ class _Instruments:
 
         from consensus_api import __version__  # noqa: PLC0415 - the package imports this module
 
+        metrics.get_meter_provider()  # loads a provider named by OTEL_PYTHON_METER_PROVIDER, if any
+        trace.get_tracer_provider()  # likewise OTEL_PYTHON_TRACER_PROVIDER
         meter = metrics.get_meter("consensus_api", __version__)
         self.tracer = trace.get_tracer("consensus_api", __version__)
         self._trace = trace
+        # Where the API keeps the providers the application installs (None until then). The getters
+        # (which first load a provider the environment names) read the environment at every call:
+        # 1.7 µs, more than measuring costs, so ``recording`` reads these instead.
+        self._meter_globals = importlib.import_module("opentelemetry.metrics._internal")
+        self._tracer_globals = trace
         self._tracing = False
+        self._recording = False
         self.duration = meter.create_histogram(
             "consensus.operation.duration", unit="s", description="Latency of one backend call"
         )
@@ -105,6 +118,17 @@ class _Instruments:
             self._tracing = not isinstance(self._trace.get_tracer_provider(), self._trace.ProxyTracerProvider)
         return self._tracing
 
+    def recording(self) -> bool:
+        """Whether the application installed a meter or a tracer provider: until then every
+        instrument is the API's no-op proxy and nothing needs measuring. A provider, once
+        installed, stays (OpenTelemetry sets the global providers only once)."""
+        if not self._recording:  # a missing global (another API version): record, as before
+            self._recording = (
+                getattr(self._meter_globals, "_METER_PROVIDER", True) is not None
+                or getattr(self._tracer_globals, "_TRACER_PROVIDER", True) is not None
+            )
+        return self._recording
+
 
 def _shared_instruments() -> _Instruments:
     global _instruments
@@ -120,6 +144,8 @@ class SessionTelemetry:
     def __init__(self, backend: str) -> None:
         self.backend = backend
         self._instruments = _shared_instruments()
+        #: Whether calls are worth measuring now: a meter or tracer provider is installed.
+        self.recording: Callable[[], bool] = self._instruments.recording
         self._leaders: dict[str, str | None] = {}
         self._attributes: dict[str, dict[str, str]] = {}
 

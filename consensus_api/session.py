@@ -161,7 +161,8 @@ class Session(Closing):
         try:
             self._backend = backend_class(url, settings, _Events(self))
             self._telemetry = observability.for_session(self._backend.name)
-            #: What the session's calls use: the backend, timed and traced with the otel extra.
+            #: What the session's calls use once a meter or tracer provider is installed (otel extra):
+            #: the backend, timed and traced; until then the backend itself (``_backend_for_call``).
             self._measured = self._telemetry.measured(self._backend) if self._telemetry else self._backend
             self._hub = ListenerHub(
                 self._dispatcher,
@@ -302,7 +303,10 @@ class Session(Closing):
     def _backend_for_call(self) -> Backend:
         if self._state is SessionState.CLOSED:
             raise SessionLostError("the session is closed; open a new one with consensus_api.connect()")
-        return self._measured
+        telemetry = self._telemetry
+        if telemetry is not None and telemetry.recording():
+            return self._measured
+        return self._backend
 
     def _record(self, item: Item, data: bytes, losses: int, rejoin: bool) -> None:
         """Track a member or candidacy joined while the session had ``losses`` losses; if a loss

@@ -9,6 +9,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import consensus_api as ca
 from consensus_api import config, keys, registry
@@ -46,6 +48,51 @@ def test_invalid_keys_raise(key: str) -> None:
         keys.check_key(key)
     assert isinstance(info.value, ca.ConsensusError)
     assert isinstance(info.value, ValueError)
+
+
+def _key_rule(key: str) -> bool:
+    """docs/spec.md section 4's key rule, written out plainly."""
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
+    return size <= keys.MAX_KEY_BYTES and all(
+        0 < len(segment) <= keys.MAX_SEGMENT_CHARS
+        and segment not in (".", "..")
+        and not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in segment)
+        for segment in key.split("/")
+    )
+
+
+_KEY_PARTS = [
+    "a",
+    "Z9",
+    ".",
+    "..",
+    "/",
+    "-_ ",
+    "\x00",
+    "\x1f",
+    "\x7f",
+    "\x85",
+    "\xa0",
+    "ä",
+    "\ud800",
+    "x" * 120,
+]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(_KEY_PARTS), max_size=12))
+def test_check_key_accepts_exactly_the_keys_the_rule_allows(parts: list[str]) -> None:
+    """Whatever path a key takes through the check (the one-match path for plain ASCII keys, or the
+    segment by segment one), it is accepted if and only if the spec's rule allows it."""
+    key = "".join(parts)
+    try:
+        accepted = keys.check_key(key) == key
+    except ca.InvalidKeyError:
+        accepted = False
+    assert accepted == _key_rule(key), repr(key)
 
 
 def test_non_str_key_and_non_bytes_value_are_type_errors() -> None:

@@ -217,3 +217,34 @@ assert counts == {{"put": 1, "fetch": 1}}, counts
         [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr + result.stdout
+
+
+def test_calls_are_measured_from_the_moment_a_meter_provider_is_installed(tmp_path: Path) -> None:
+    """With the otel extra but no provider a call is not measured (every record would be a no-op);
+    a session opened then measures its calls from the first one after a meter provider is installed."""
+    script = f"""
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+import consensus_api as ca
+reader = InMemoryMetricReader()
+with ca.connect("sqlite:///{tmp_path / "x.db"}") as session:
+    session.storage.put("k", b"v")
+    session.storage.keys()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    session.storage.fetch("k")
+    session.storage.fetch("k")
+counts = {{
+    dict(point.attributes)["consensus.operation"]: point.count
+    for resource in reader.get_metrics_data().resource_metrics
+    for scope in resource.scope_metrics
+    for metric in scope.metrics
+    if metric.name == "consensus.operation.duration"
+    for point in metric.data.data_points
+}}
+assert counts == {{"fetch": 2}}, counts
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
