@@ -23,6 +23,16 @@ import consensus_api as ca
 
 CLI = [sys.executable, "-m", "consensus_api.cli"]
 SECRET = "s3cret-pw"
+#: Lines of a child process's script that set ``counts``: the calls ``reader`` measured, per operation.
+COUNTS_BY_OPERATION = """counts = {
+    dict(point.attributes)["consensus.operation"]: point.count
+    for resource in reader.get_metrics_data().resource_metrics
+    for scope in resource.scope_metrics
+    for metric in scope.metrics
+    if metric.name == "consensus.operation.duration"
+    for point in metric.data.data_points
+}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -201,15 +211,7 @@ with ca.connect("sqlite:///{tmp_path / "x.db"}") as session:
     trace.set_tracer_provider(provider)
     session.storage.fetch("k")
 names = [span.name for span in spans.get_finished_spans()]
-counts = {{
-    dict(point.attributes)["consensus.operation"]: point.count
-    for resource in reader.get_metrics_data().resource_metrics
-    for scope in resource.scope_metrics
-    for metric in scope.metrics
-    if metric.name == "consensus.operation.duration"
-    for point in metric.data.data_points
-}}
-print(names, counts)
+{COUNTS_BY_OPERATION}print(names, counts)
 assert names == ["consensus.fetch"], names
 assert counts == {{"put": 1, "fetch": 1}}, counts
 """
@@ -234,15 +236,7 @@ with ca.connect("sqlite:///{tmp_path / "x.db"}") as session:
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
     session.storage.fetch("k")
     session.storage.fetch("k")
-counts = {{
-    dict(point.attributes)["consensus.operation"]: point.count
-    for resource in reader.get_metrics_data().resource_metrics
-    for scope in resource.scope_metrics
-    for metric in scope.metrics
-    if metric.name == "consensus.operation.duration"
-    for point in metric.data.data_points
-}}
-assert counts == {{"fetch": 2}}, counts
+{COUNTS_BY_OPERATION}assert counts == {{"fetch": 2}}, counts
 """
     result = subprocess.run(
         [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60

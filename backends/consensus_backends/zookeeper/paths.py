@@ -82,6 +82,11 @@ def chroot_of(path: str) -> str:
     return SEPARATOR + stripped
 
 
+#: Directory znodes remembered per namespace (one serves all its keys); the memory is forgotten
+#: whole when it holds this many.
+DIRECTORY_MEMORY = 4096
+
+
 class Layout:
     """The znode paths of one chroot."""
 
@@ -90,6 +95,7 @@ class Layout:
         self.kv = f"{root}/kv"
         self.groups = f"{root}/groups"
         self.elections = f"{root}/elections"
+        self._directories: dict[str, str] = {}
 
     @property
     def barrier_path(self) -> str:
@@ -106,19 +112,25 @@ class Layout:
 
     def directory(self, namespace: str) -> str:
         """The directory znode of ``namespace`` (``kv`` itself for the root namespace)."""
-        if not namespace:
-            return self.kv
-        return self.kv + "".join(f"/{DIRECTORY}{encode_name(s)}" for s in namespace.split(SEPARATOR))
+        found = self._directories.get(namespace)
+        if found is None:
+            segments = namespace.split(SEPARATOR) if namespace else []
+            found = self.kv + "".join(f"/{DIRECTORY}{encode_name(segment)}" for segment in segments)
+            if len(self._directories) >= DIRECTORY_MEMORY:
+                self._directories.clear()
+            self._directories[namespace] = found
+        return found
 
     def directories(self, namespace: str) -> list[str]:
         """The directory znodes from the top down to ``namespace``'s (without ``kv``)."""
         segments = namespace.split(SEPARATOR) if namespace else []
         return [self.directory(SEPARATOR.join(segments[: index + 1])) for index in range(len(segments))]
 
-    def marker(self, key: str) -> str:
-        """The znode that exists exactly while ``key`` exists."""
+    def key_paths(self, key: str) -> tuple[str, str]:
+        """``key``'s marker, the znode that exists exactly while ``key`` exists, and its anchor."""
         namespace, _, name = key.rpartition(SEPARATOR)
-        return f"{self.directory(namespace)}/{MARKER}{encode_name(name)}"
+        directory, name = self.directory(namespace), encode_name(name)
+        return f"{directory}/{MARKER}{name}", f"{directory}/{ANCHOR}{name}"
 
     def anchor(self, key: str) -> str:
         """The permanent znode holding ``key``'s value."""

@@ -54,7 +54,7 @@ class RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
         """Render the message, mask the secrets, then log it without arguments."""
         if level == logging.WARNING:
             level = logging.INFO
-        if not self.isEnabledFor(level):
+        if not self.logger.isEnabledFor(level):  # kazoo logs each request it queues, at level 5
             return
         try:
             text = str(msg) % args if args else str(msg)

@@ -97,7 +97,7 @@ class Storage:
         """Create ``key``; ``KeyExistsError`` if it exists."""
         deadline = time.monotonic() + self._timeout
         encoded = payload.encode(value)
-        marker, anchor = self._layout.marker(key), self._layout.anchor(key)
+        marker, anchor = self._layout.key_paths(key)
         chunks: list[str] = []
         try:
             while True:
@@ -132,7 +132,7 @@ class Storage:
         """Replace the value of ``key`` (at ``version`` when given)."""
         deadline = time.monotonic() + self._timeout
         encoded = payload.encode(value)
-        marker, anchor = self._layout.marker(key), self._layout.anchor(key)
+        marker, anchor = self._layout.key_paths(key)
         chunks: list[str] = []
         try:
             while True:
@@ -159,7 +159,7 @@ class Storage:
     def delete(self, key: str, version: int | None, fence: Leadership | None) -> None:
         """Remove ``key`` (at ``version`` when given); its anchor stays, emptied."""
         deadline = time.monotonic() + self._timeout
-        marker, anchor = self._layout.marker(key), self._layout.anchor(key)
+        marker, anchor = self._layout.key_paths(key)
         while True:
             check_deadline(deadline, "delete")
             txn = self._start(fence, anchor, [], deadline)
