@@ -19,6 +19,7 @@ never a key, a value, member data or a URL's credentials.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
@@ -75,7 +76,9 @@ class _Instruments:
         # Where the API keeps the providers the application installs (None until then). The getters
         # (which first load a provider the environment names) read the environment at every call:
         # 1.7 µs, more than measuring costs, so ``recording`` reads these instead.
-        self._meter_globals = importlib.import_module("opentelemetry.metrics._internal")
+        self._meter_globals: object = None  # another API version: measure every call, as before
+        with contextlib.suppress(ImportError):
+            self._meter_globals = importlib.import_module("opentelemetry.metrics._internal")
         self._tracer_globals = trace
         self._tracing = False
         self._recording = False
