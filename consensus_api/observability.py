@@ -72,14 +72,13 @@ class _Instruments:
         trace.get_tracer_provider()  # likewise OTEL_PYTHON_TRACER_PROVIDER
         meter = metrics.get_meter("consensus_api", __version__)
         self.tracer = trace.get_tracer("consensus_api", __version__)
-        self._trace = trace
         # Where the API keeps the providers the application installs (None until then). The getters
         # (which first load a provider the environment names) read the environment at every call:
-        # 1.7 µs, more than measuring costs, so ``recording`` reads these instead.
+        # 1.7 µs, more than measuring costs, so ``recording`` and ``tracing`` read these instead.
         self._meter_globals: object = None  # another API version: measure every call, as before
         with contextlib.suppress(ImportError):
             self._meter_globals = importlib.import_module("opentelemetry.metrics._internal")
-        self._tracer_globals = trace
+        self._tracer_globals: object = trace
         self._tracing = False
         self._recording = False
         self.duration = meter.create_histogram(
@@ -118,19 +117,22 @@ class _Instruments:
         """Whether the application installed a tracer provider; until then every span is a no-op
         and is not opened (it would cost a call several µs). A provider is installed only once."""
         if not self._tracing:
-            self._tracing = not isinstance(self._trace.get_tracer_provider(), self._trace.ProxyTracerProvider)
+            self._tracing = _installed(self._tracer_globals, "_TRACER_PROVIDER")
         return self._tracing
 
     def recording(self) -> bool:
         """Whether the application installed a meter or a tracer provider: until then every
         instrument is the API's no-op proxy and nothing needs measuring. A provider, once
         installed, stays (OpenTelemetry sets the global providers only once)."""
-        if not self._recording:  # a missing global (another API version): record, as before
-            self._recording = (
-                getattr(self._meter_globals, "_METER_PROVIDER", True) is not None
-                or getattr(self._tracer_globals, "_TRACER_PROVIDER", True) is not None
-            )
+        if not self._recording:
+            self._recording = _installed(self._meter_globals, "_METER_PROVIDER") or self.tracing()
         return self._recording
+
+
+def _installed(module: object, provider: str) -> bool:
+    """Whether ``module``'s global ``provider`` is set: the application installed one. A missing
+    global or module (another API version) counts as installed, so calls are measured as before."""
+    return getattr(module, provider, True) is not None
 
 
 def _shared_instruments() -> _Instruments:
