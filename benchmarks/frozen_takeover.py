@@ -23,8 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from consensus_api.conformance.faults_support import SCHEDULING_SLACK, SESSION_TIMEOUT
-from consensus_api.conformance.profile import profile_for
+from consensus_testkit.conformance.faults_support import SCHEDULING_SLACK, SESSION_TIMEOUT
+from consensus_testkit.profile import profile_for
 
 TEST = "test_leader_frozen_mid_write_is_replaced"
 TAKEOVER = "frozen mid-write -> new leader"

@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from consensus_api.history.schema import arrow_schema
+from consensus_chaos.record.schema import arrow_schema
 
 CLIENTS_PER_KEY = 3
 KEYS_PER_CHUNK = 10_000

@@ -27,7 +27,7 @@ from typing import Any
 import consensus_api
 from benchmarks.core import percentile
 from consensus_api import config
-from consensus_api.conformance.lock_worker import LockWorker
+from consensus_testkit.conformance.lock_worker import LockWorker
 
 SESSION_TIMEOUT = 3.0
 _KAZOO_HOLDER = """

@@ -22,7 +22,7 @@ from kazoo.client import KazooClient
 
 import consensus_api as ca
 from consensus_api.migrate import Action, migrate
-from consensus_api.testing import start_server
+from consensus_testkit import start_server
 
 DIRECTORIES = 100
 

@@ -3,7 +3,7 @@
     benchmarks/run [--quick] [--only WORKLOADS] [BACKEND...]
 
 For each backend (default: sqlite postgresql zookeeper etcd kafka) it starts
-the server with ``consensus_api.testing`` (SQLite: a temp file), runs
+the server with ``consensus_testkit`` (SQLite: a temp file), runs
 ``consensus bench URL`` in a process of its own (which prints the tables),
 writes ``benchmarks/results/<backend>.json`` (with ``--only``: replaces just
 those workloads' rows in it) and stops the server, so that only one server
@@ -70,7 +70,7 @@ def run_backend(name: str, options: list[str]) -> int:
             return _bench(name, f"sqlite:///{directory / 'bench.db'}", options)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-    from consensus_api.testing import start_server  # noqa: PLC0415
+    from consensus_testkit import start_server  # noqa: PLC0415
 
     server = start_server(name)
     try:

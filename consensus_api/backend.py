@@ -45,11 +45,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from consensus_api.config import BackendURL, OptionParser, Options
-from consensus_api.errors import ConfigurationError
 from consensus_api.model import Leadership, SessionState, Versioned
 
 if TYPE_CHECKING:
-    from consensus_api.conformance.profile import TestProfile
     from consensus_api.coordinator.describe import GroupDescription
     from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
 
@@ -269,25 +267,12 @@ class Backend(ABC):
         """
         return None
 
-    # Testing (the conformance suite and the fault tools only)
-
-    @classmethod
-    def test_profile(cls, url: BackendURL) -> TestProfile:
-        """How the conformance suite tests this backend at ``url``: its server launcher, detection
-        delay, server-side session expiry, an unreachable URL and what does not apply
-        (``consensus_api.conformance.profile``). Import the profile module here, lazily: it is
-        only needed by tests. The default raises ``ConfigurationError``: a backend without a
-        profile cannot be certified.
-        """
-        raise ConfigurationError(
-            f"the {cls.__name__} backend ({url.scheme}://) declares no test profile: define "
-            "test_profile() (see docs/backend-guide.md)"
-        )
+    # Fault tools (the test kit only)
 
     def fault_identity(self) -> Mapping[str, object]:
         """What names this client's current session *on the server*, for fault-injection tests.
 
-        ``consensus_api.testing.faults.expire_session`` reads it to end the
+        The test kit's server-side expiry (a test profile's ``expire_session``) reads it to end the
         session from the server side, as a real expiry would; nothing else
         does. JSON-able values whose meaning is per backend (a ZooKeeper
         session id and password, an etcd lease id, a SQL lease row, Kafka

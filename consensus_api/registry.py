@@ -81,7 +81,7 @@ def load_entry(found: Mapping[str, EntryPoint], scheme: str, what: str) -> objec
         raise ConfigurationError(f"no {what} for the URL scheme {scheme!r}; known schemes: {known}")
     try:
         return entry.load()
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
         raise ConfigurationError(
             f"the {scheme!r} {what} needs a package that is not installed ({exc.name or exc}): "
             f"{install_hint(entry)}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what consensus_api.testing needs to run real servers: Debian's
+# Installs what consensus_testkit needs to run real servers: Debian's
 # ZooKeeper, PostgreSQL, MariaDB and Redis (the consensus-redis plugin's
 # launcher), a Java 17+ runtime, Maven, etcd and etcdctl built with Go from the
 # Go module proxy, and the Kafka broker jars from Maven Central (both into a
@@ -8,7 +8,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-POM="$ROOT/consensus_api/testing/kafka-pom.xml"
+POM="$ROOT/backends/consensus_backends/kafka/testkit/kafka-pom.xml"
 CACHE="${CONSENSUS_CACHE:-$HOME/.cache/consensus-api}"
 
 say() { echo "install: $*"; }
@@ -58,8 +58,8 @@ say "debian packages ok (zookeeper, postgresql, mariadb, redis, java $(java_majo
 # ---- etcd and etcdctl, built from the Go module proxy -------------------------
 # `go install go.etcd.io/etcd/server/v3@v…` is refused (replace directives in its go.mod),
 # so both are built as dependencies of a throwaway module. Go's caches live in $CACHE/go.
-ETCD_VERSION=$(sed -n 's/^ETCD_VERSION = "\(.*\)"$/\1/p' "$ROOT/consensus_api/testing/etcd.py")
-[ -n "$ETCD_VERSION" ] || { say "no ETCD_VERSION in consensus_api/testing/etcd.py"; exit 1; }
+ETCD_VERSION=$(sed -n 's/^ETCD_VERSION = "\(.*\)"$/\1/p' "$ROOT/backends/consensus_backends/etcd/testkit/server.py")
+[ -n "$ETCD_VERSION" ] || { say "no ETCD_VERSION in backends/consensus_backends/etcd/testkit/server.py"; exit 1; }
 etcd_dir="$CACHE/etcd-$ETCD_VERSION"
 
 etcd_ok() {  # output captured first: `cmd | grep -q` fails under pipefail when grep exits early (SIGPIPE)

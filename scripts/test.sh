@@ -151,7 +151,7 @@ import json, pathlib, sys, xml.etree.ElementTree as ET
 from rich.console import Console
 from rich.table import Table
 from consensus_api.config import BackendURL
-from consensus_api.conformance.profile import profile_for
+from consensus_testkit.profile import profile_for
 
 out, backends = pathlib.Path(sys.argv[1]), sys.argv[2:]
 console = Console(width=120)

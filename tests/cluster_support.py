@@ -16,8 +16,8 @@ import psutil
 PROLOGUE = """\
 import json, os
 from pathlib import Path
-from consensus_api.testing.cluster import ClusterHandle
-cluster = ClusterHandle.attach(Path(os.environ['CONSENSUS_CONTROL']))
+from consensus_testkit.control import attach_cluster
+cluster = attach_cluster(Path(os.environ['CONSENSUS_CONTROL']))
 assert os.environ['CONSENSUS_URL'] == cluster.url and cluster.url.count(',') == 2, cluster.url
 """
 

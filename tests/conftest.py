@@ -13,10 +13,10 @@ import pytest
 from kazoo.client import KazooClient
 from migrate_support import hosts
 
-from consensus_api.testing import ServerHandle
-from consensus_api.testing._host import HOST
+from consensus_testkit import ServerHandle
+from consensus_testkit.host import HOST
 
-pytest_plugins = ["consensus_api.testing.pytest_plugin", "zookeeper_support"]
+pytest_plugins = ["consensus_testkit.fixtures", "zookeeper_support"]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def echo_port() -> Iterator[int]:
 def spark() -> Iterator[Any]:
     """A local Spark session (two cores) for a module's tests: start-up costs 5-9 s."""
     pytest.importorskip("pyspark")
-    from consensus_api.checker.spark import spark_session  # noqa: PLC0415
+    from consensus_chaos.check.spark import spark_session  # noqa: PLC0415
 
     session = spark_session("local[2]")
     yield session

@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 
 import consensus_api as ca
 from consensus_api.migrate import LEDGER, Report, migrate
-from consensus_api.testing import ServerHandle
+from consensus_testkit import ServerHandle
 
 WAIT = 60.0
 CLI = [sys.executable, "-m", "consensus_api.cli"]

@@ -19,9 +19,9 @@ import pytest
 import consensus_api as ca
 from consensus_api import aio
 from consensus_api.aio._bridge import Bridge
-from consensus_api.conformance.loop_watch import StepWatch
-from consensus_api.conformance.test_aio import SLOW_STEP, blocked_steps
-from consensus_api.testing import ServerHandle
+from consensus_testkit import ServerHandle
+from consensus_testkit.conformance.loop_watch import StepWatch
+from consensus_testkit.conformance.test_aio import SLOW_STEP, blocked_steps
 
 BACKENDS = ["sqlite", "postgresql", "etcd", "zookeeper"]
 TIMEOUT = 20.0

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from consensus_api.testing import ServerHandle
+from consensus_testkit import ServerHandle
 
 FIELDS = {
     "workload",

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from consensus_api.checker import Budget, check_history, model, wgl
-from consensus_api.checker.report import render
 from consensus_api.cli import cli
-from consensus_api.history.convert import write_history
-from consensus_api.history.schema import COLUMNS
+from consensus_chaos.check import Budget, check_history, versioned_register, wgl
+from consensus_chaos.check.report import render
+from consensus_chaos.record.convert import write_history
+from consensus_chaos.record.schema import COLUMNS
 
 pytest.importorskip("pyarrow")
 
@@ -335,15 +335,29 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
 
 def test_indeterminate_write_may_take_effect_or_not() -> None:
     budget = wgl.Budget()
-    put_unknown = (model.PUT, "a", None, model.UNKNOWN, None, None)
-    read_a = (model.FETCH, None, None, model.OK, "a", 7)
-    read_absent = (model.FETCH, None, None, model.OK, None, None)
+    put_unknown = (versioned_register.PUT, "a", None, versioned_register.UNKNOWN, None, None)
+    read_a = (versioned_register.FETCH, None, None, versioned_register.OK, "a", 7)
+    read_absent = (versioned_register.FETCH, None, None, versioned_register.OK, None, None)
     for read in (read_a, read_absent):
         ops = [put_unknown, read]
-        result = wgl.search([0, 20], [None, 30], ops, model.step, initial=model.INITIAL, budget=budget)
+        result = wgl.search(
+            [0, 20],
+            [None, 30],
+            ops,
+            versioned_register.step,
+            initial=versioned_register.INITIAL,
+            budget=budget,
+        )
         assert result.verdict == wgl.OK
     ops = [put_unknown, read_a, read_absent]
-    both = wgl.search([0, 20, 40], [None, 30, 50], ops, model.step, initial=model.INITIAL, budget=budget)
+    both = wgl.search(
+        [0, 20, 40],
+        [None, 30, 50],
+        ops,
+        versioned_register.step,
+        initial=versioned_register.INITIAL,
+        budget=budget,
+    )
     assert both.verdict == wgl.ILLEGAL
 
 

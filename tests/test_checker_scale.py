@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from benchmarks import histories
-from consensus_api.checker import check_history
-from consensus_api.checker.histogram import Histogram, bin_floor, bin_of
 from consensus_api.errors import ConfigurationError
+from consensus_chaos.check import check_history
+from consensus_chaos.check.histogram import Histogram, bin_floor, bin_of
 
 pytest.importorskip("pyarrow")
 
@@ -53,7 +53,7 @@ def test_generated_histories_are_deterministic_whatever_the_workers(tmp_path: Pa
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
-    from consensus_api.checker.spark import spark_session  # noqa: PLC0415
+    from consensus_chaos.check.spark import spark_session  # noqa: PLC0415
 
     session = spark_session("local[2]", driver_memory="512m")
     yield session

@@ -15,7 +15,7 @@ import pytest
 from cli_support import assert_clean_error, run
 
 import consensus_api as ca
-from consensus_api.cli.conformance import section_of
+from consensus_testkit.cli.conformance import section_of
 
 CLI = [sys.executable, "-m", "consensus_api.cli"]
 
@@ -218,9 +218,9 @@ def test_demo_shows_handover_with_higher_term(tmp_path: Path) -> None:
 
 
 def test_section_of() -> None:
-    assert section_of("consensus_api/conformance/test_storage.py::test_put[x/y]") == "storage"
+    assert section_of("consensus_testkit/conformance/test_storage.py::test_put[x/y]") == "storage"
     assert section_of("test_errors.py::TestX::test_y") == "errors"
-    assert section_of("consensus_api/conformance/test_faults_netns.py::test_x") == "faults"
+    assert section_of("consensus_testkit/conformance/test_faults_netns.py::test_x") == "faults"
 
 
 COLLECTED = """
@@ -250,7 +250,7 @@ def test_collector_counts_sections_on_a_real_pytest_run(tmp_path: Path) -> None:
     (tmp_path / "test_gamma.py").write_text("import no_such_module_anywhere\n")
     script = (
         "import json, sys, pytest\n"
-        "from consensus_api.cli.conformance import Collector\n"
+        "from consensus_testkit.cli.conformance import Collector\n"
         "c = Collector()\n"
         "pytest.main([sys.argv[1], '-q', '-p', 'no:cacheprovider', '--continue-on-collection-errors'],"
         " plugins=[c])\n"

@@ -17,7 +17,7 @@ from cli_support import assert_clean_error, run
 from click.testing import Result
 
 import consensus_api as ca
-from consensus_api.testing import ServerHandle
+from consensus_testkit import ServerHandle
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Replicated clusters from consensus_api.testing: the links process, the ZooKeeper ensemble, its control
+"""Replicated clusters from consensus_testkit: the links process, the ZooKeeper ensemble, its control
 file, `consensus servers run --nodes` and the ``cluster`` marker of the test profiles (real servers only)."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from cluster_support import FAILOVER, is_zombie, run_under_servers
 from kazoo.client import KazooClient
 
 from consensus_api.cli import cli
-from consensus_api.conformance.profile import SINGLE_SERVER, profile_for
 from consensus_api.errors import ConfigurationError
-from consensus_api.history.runner import ChaosOptions
-from consensus_api.testing import start_cluster
-from consensus_api.testing._host import HOST, free_port
-from consensus_api.testing.cluster import ClusterHandle, link_name, links_of
-from consensus_api.testing.links import Links
+from consensus_chaos.record.runner import ChaosOptions
+from consensus_testkit import start_cluster
+from consensus_testkit.cluster import ClusterHandle, link_name, links_of
+from consensus_testkit.host import HOST, free_port
+from consensus_testkit.links import Links
+from consensus_testkit.profile import SINGLE_SERVER, profile_for
 
 
 def test_links_stall_and_heal_by_name_from_another_handle(echo_port: int, tmp_path: Path) -> None:

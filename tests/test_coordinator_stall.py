@@ -19,11 +19,11 @@ import pytest
 
 import consensus_api as ca
 from consensus_api import OperationTimeoutError, ResourceHandler, Session, ValueChanged
-from consensus_api.conformance.coordination import Ledger
-from consensus_api.conformance.helpers import wait_until
 from consensus_api.coordinator.generic.reconcile import UNREVOKED, GroupState
 from consensus_api.coordinator.generic.records import PREPARING, GenerationRecord, IncrementalLayout, Layout
-from consensus_api.testing import ServerHandle, start_server
+from consensus_testkit import ServerHandle, start_server
+from consensus_testkit.conformance.coordination import Ledger
+from consensus_testkit.conformance.helpers import wait_until
 
 SIX = frozenset(f"r{index}" for index in range(6))
 REBALANCE = 3.0

@@ -21,13 +21,13 @@ import pytest
 import consensus_api as ca
 from consensus_api.backend import Target, TargetKind
 from consensus_api.config import build_options, parse_url
-from consensus_api.conformance.helpers import EventLog, wait_until
-from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing._host import HOST
-from consensus_api.testing.proxy import TcpProxy
 from consensus_backends.etcd import EtcdBackend
 from consensus_backends.etcd import _storage as etcd_storage
 from consensus_backends.etcd._layout import Layout
+from consensus_testkit import ServerHandle, start_server
+from consensus_testkit.conformance.helpers import EventLog, wait_until
+from consensus_testkit.host import HOST
+from consensus_testkit.proxy import TcpProxy
 
 LOST, SUSPENDED, CONNECTED = ca.SessionState.LOST, ca.SessionState.SUSPENDED, ca.SessionState.CONNECTED
 

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import consensus_api as ca
-from consensus_api.conformance.helpers import EventLog
-from consensus_api.testing import ServerHandle, start_server
+from consensus_testkit import ServerHandle, start_server
+from consensus_testkit.conformance.helpers import EventLog
 
 REQUEST_TIMEOUT = 20.0
 

@@ -1,4 +1,4 @@
-"""The etcd cluster from consensus_api.testing: members, peer links routed per source node, the
+"""The etcd cluster from consensus_testkit: members, peer links routed per source node, the
 leader from the Maintenance Status call, a session failing over between the URL's endpoints, and
 ``consensus servers run etcd --nodes 3`` (real servers only)."""
 
@@ -12,8 +12,8 @@ import pytest
 from cluster_support import FAILOVER, run_under_servers
 
 import consensus_api
-from consensus_api.testing import start_cluster
-from consensus_api.testing.cluster import FOLLOWER, LEADER, ClusterHandle, NodeStatus
+from consensus_testkit import start_cluster
+from consensus_testkit.cluster import FOLLOWER, LEADER, ClusterHandle, NodeStatus
 
 OPTIONS: dict[str, float] = {"session_timeout": 8, "request_timeout": 3, "connect_timeout": 15}
 

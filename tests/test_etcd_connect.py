@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 import consensus_api as ca
-from consensus_api.conformance.helpers import EventLog
-from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing._host import HOST, free_port
-from consensus_api.testing._process import launch
-from consensus_api.testing.certificates import write_certificates
-from consensus_api.testing.etcd import binary as etcd_binary
-from consensus_api.testing.etcd import member_command
+from consensus_backends.etcd.testkit.server import binary as etcd_binary
+from consensus_backends.etcd.testkit.server import member_command
+from consensus_testkit import ServerHandle, start_server
+from consensus_testkit.certificates import write_certificates
+from consensus_testkit.conformance.helpers import EventLog
+from consensus_testkit.host import HOST, free_port
+from consensus_testkit.process import launch
 
 #: Over connect_timeout, for giving up on an unreachable server on a loaded 2-core machine (channel
 #: teardown included); the latency itself is measured by benchmarks/detection.py.

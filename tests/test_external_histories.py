@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from consensus_api.checker import models, wgl
-from consensus_api.checker.external import check_files
-from consensus_api.checker.external_report import render
-from consensus_api.checker.jepsen import HistoryParseError, parse
 from consensus_api.cli import cli
+from consensus_chaos.check import models, wgl
+from consensus_chaos.check.external import check_files
+from consensus_chaos.check.external_report import render
+from consensus_chaos.check.jepsen import HistoryParseError, parse
 
 pytest.importorskip("pyarrow")
 

@@ -1,4 +1,4 @@
-"""The fault tools of consensus_api.testing: the TCP proxy, network namespaces, server control files and
+"""The fault tools of consensus_testkit: the TCP proxy, network namespaces, server control files and
 the backends' test profiles (no mocks)."""
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import pytest
 
 from consensus_api import registry
 from consensus_api.config import parse_url
-from consensus_api.conformance.profile import TestProfile, moved_to_free_port, profile_for
 from consensus_api.errors import ConfigurationError
-from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing._host import HOST
-from consensus_api.testing.etcd import probe
-from consensus_api.testing.netns import NetworkNamespace, why_unavailable
-from consensus_api.testing.proxy import TcpProxy
+from consensus_backends.etcd.testkit.server import probe
+from consensus_testkit import start_server
+from consensus_testkit.control import attach_server
+from consensus_testkit.host import HOST
+from consensus_testkit.netns import NetworkNamespace, why_unavailable
+from consensus_testkit.profile import TestProfile, moved_to_free_port, profile_for
+from consensus_testkit.proxy import TcpProxy
 
 
 def _roundtrip(sock: socket.socket, payload: bytes, timeout: float = 2.0) -> bytes:
@@ -145,8 +146,8 @@ def test_network_namespace_cuts_and_heals_real_tcp(echo_port: int) -> None:
 ATTACHED_RESTART = """
 import sys
 from pathlib import Path
-from consensus_api.testing import ServerHandle
-server = ServerHandle.attach(Path(sys.argv[1]))
+from consensus_testkit.control import attach_server
+server = attach_server(Path(sys.argv[1]))
 server.kill()
 server.restart(30)
 print(server.pid)
@@ -161,7 +162,7 @@ def test_control_file_lets_another_process_restart_and_the_owner_stop(tmp_path: 
         server.write_control(control)
         described = json.loads(control.read_text())
         assert (described["name"], described["pid"], described["port"]) == ("etcd", first, server.port)
-        assert ServerHandle.attach(control).pid == first
+        assert attach_server(control).pid == first
 
         out = subprocess.run(
             [sys.executable, "-c", ATTACHED_RESTART, str(control)],
@@ -190,13 +191,13 @@ def test_attach_rejects_an_unreadable_control_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     with pytest.raises(ValueError, match="unreadable server control file"):
-        ServerHandle.attach(bad)
+        attach_server(bad)
     with pytest.raises(ValueError, match="unreadable server control file"):
-        ServerHandle.attach(tmp_path / "missing.json")
+        attach_server(tmp_path / "missing.json")
 
 
 PLANTED = """
-from consensus_api.conformance import prober
+from consensus_testkit.conformance import prober
 
 _timed = prober.Prober._timed
 
@@ -223,7 +224,7 @@ def _fault_test(workdir: Path, *plugins: str) -> subprocess.CompletedProcess[str
         "-m",
         "pytest",
         "-p",
-        "consensus_api.conformance.plugin",
+        "consensus_testkit.conformance.plugin",
         "-p",
         "no:cacheprovider",
         "--rootdir",
@@ -234,7 +235,7 @@ def _fault_test(workdir: Path, *plugins: str) -> subprocess.CompletedProcess[str
     ]
     for plugin in plugins:
         command += ["-p", plugin]
-    command += ["--pyargs", "consensus_api.conformance.test_faults::test_server_side_session_expiry"]
+    command += ["--pyargs", "consensus_testkit.conformance.test_faults::test_server_side_session_expiry"]
     return subprocess.run(
         command, check=False, env=env, capture_output=True, text=True, timeout=300, cwd=workdir
     )

@@ -26,12 +26,12 @@ import pytest
 import consensus_api as ca
 from consensus_api.backend import Target, TargetKind
 from consensus_api.config import Secret, build_options, parse_url
-from consensus_api.conformance.helpers import EventLog, wait_until
-from consensus_api.conformance.worker import WorkerProcess
-from consensus_api.testing import ServerHandle, start_server
 from consensus_backends.kafka import KafkaBackend
 from consensus_backends.kafka.channel import Channel
 from consensus_backends.kafka.groups import Groups
+from consensus_testkit import ServerHandle, start_server
+from consensus_testkit.conformance.helpers import EventLog, wait_until
+from consensus_testkit.conformance.worker import WorkerProcess
 
 LOST, SUSPENDED, CONNECTED = ca.SessionState.LOST, ca.SessionState.SUSPENDED, ca.SessionState.CONNECTED
 SESSION_TIMEOUT = 3.0

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 import pytest
 
 import consensus_api as ca
-from consensus_api.conformance.helpers import EventLog, wait_until
-from consensus_api.conformance.worker import WorkerProcess
-from consensus_api.testing import ServerHandle, start_server
+from consensus_testkit import ServerHandle, start_server
+from consensus_testkit.conformance.helpers import EventLog, wait_until
+from consensus_testkit.conformance.worker import WorkerProcess
 
 LOST, SUSPENDED, CONNECTED = ca.SessionState.LOST, ca.SessionState.SUSPENDED, ca.SessionState.CONNECTED
 #: How long reads are watched after a restart: longer than a restored member's fresh session timer.

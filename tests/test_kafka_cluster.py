@@ -1,4 +1,4 @@
-"""The Kafka cluster launcher (``consensus_api.testing.kafka_cluster``) under ``consensus servers run
+"""The Kafka cluster launcher (``consensus_backends.kafka.testkit.cluster``) under ``consensus servers run
 kafka --nodes 3``, against real brokers."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from cluster_support import FAILOVER, run_under_servers
 #: Brokers, a topic with 3 replicas by default, and the brokers as a client sees them through a proxy.
 TOPIC = """\
 from kafka.admin import KafkaAdminClient, NewTopic
-from consensus_api.conformance.helpers import wait_until
-from consensus_api.testing.proxy import ProxyGroup
+from consensus_testkit.conformance.helpers import wait_until
+from consensus_testkit.proxy import ProxyGroup
 admin = KafkaAdminClient(bootstrap_servers=cluster.url.split('//')[1].split(','))
 assert len(admin.describe_cluster()['brokers']) == 3
 admin.create_topics([NewTopic('t', 1, -1)])

@@ -14,7 +14,6 @@ import pytest
 
 import consensus_api as ca
 from consensus_api.config import build_options, parse_url
-from consensus_api.testing.certificates import write_certificates
 from consensus_backends.kafka import KafkaBackend
 from consensus_backends.kafka import settings as kafka_settings
 from consensus_backends.kafka.channel import GroupView
@@ -30,6 +29,7 @@ from consensus_backends.kafka.protocol import (
 )
 from consensus_backends.kafka.records import Command, Op, decode, encode
 from consensus_backends.kafka.state import Result, StateMachine
+from consensus_testkit.certificates import write_certificates
 
 
 def test_state_machine_orders_leases_and_fences() -> None:

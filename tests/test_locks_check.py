@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from consensus_api.checker.locks import check_run
 from consensus_api.cli import cli
-from consensus_api.history.schema import arrow_schema
+from consensus_chaos.check.locks import check_run
+from consensus_chaos.record.schema import arrow_schema
 
 SECOND = 1_000_000_000
 

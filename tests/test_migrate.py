@@ -22,8 +22,8 @@ from migrate_support import CLI, WAIT, Tree, api_tree, hosts, raw_tree, settle, 
 import consensus_api as ca
 from consensus_api import BackendUnavailableError
 from consensus_api.migrate import LEDGER, Action, MigrationConflictError, Report, migrate
-from consensus_api.testing import ServerHandle
-from consensus_api.testing._host import HOST, free_port
+from consensus_testkit import ServerHandle
+from consensus_testkit.host import HOST, free_port
 
 
 class StopCopyError(Exception):

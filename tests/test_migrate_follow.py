@@ -13,7 +13,7 @@ from migrate_support import CLI, WAIT, api_tree, follow_in_thread, raw_tree, sto
 
 import consensus_api as ca
 from consensus_api.migrate import Report
-from consensus_api.testing import ServerHandle
+from consensus_testkit import ServerHandle
 
 
 def test_follow_raw_carries_changes_made_during_the_copy(

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from click.testing import CliRunner
 
-from consensus_api.checker.ownership import check_run
 from consensus_api.cli import cli
-from consensus_api.history.schema import arrow_schema
+from consensus_chaos.check.ownership import check_run
+from consensus_chaos.record.schema import arrow_schema
 
 SECOND = 1_000_000_000
 

@@ -1,4 +1,4 @@
-"""The Redis plugin (plugins/consensus-redis) against a real redis-server: packaging, the change
+"""The Redis plugin (backends/consensus-redis) against a real redis-server: packaging, the change
 stream's gap handling, durability across SIGKILL, server-clock session keys, and bad input.
 
 The contract itself is the conformance suite's (`consensus servers run redis -- consensus
@@ -23,11 +23,11 @@ import redis
 import consensus_api as ca
 from consensus_api import registry
 from consensus_api.config import BackendURL
-from consensus_api.conformance.helpers import wait_until
-from consensus_api.conformance.profile import profile_for
-from consensus_api.testing import SERVER_NAMES, ServerHandle, has_secure_variant, start_server
 from consensus_redis import RedisBackend
 from consensus_redis.layout import Layout
+from consensus_testkit import ServerHandle, launcher, server_names, start_server
+from consensus_testkit.conformance.helpers import wait_until
+from consensus_testkit.profile import profile_for
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_plugin_is_its_own_distribution_found_by_entry_points() -> None:
     core_files = importlib.metadata.distribution("consensus-api").files or []
     assert not [f for f in core_files if "consensus_redis" in str(f)]
     assert registry.load_backend("redis") is RedisBackend
-    assert "redis" in SERVER_NAMES
+    assert "redis" in server_names()
     assert profile_for(BackendURL("redis", (), "/")).server == "redis"
     tooz = {ep.name: ep for ep in importlib.metadata.entry_points(group="tooz.backends")}
     assert tooz["consensus+redis"].dist is not None
@@ -63,12 +63,10 @@ def test_plugin_is_its_own_distribution_found_by_entry_points() -> None:
 
 
 def test_plugin_launcher_declares_its_secure_variant() -> None:
-    """has_secure_variant asks a plugin's launcher module (SECURE = True); `consensus servers run
-    NAME --secure` refuses a server without one before starting anything."""
-    assert has_secure_variant("redis")
-    assert has_secure_variant("postgresql")
-    assert not has_secure_variant("mariadb")
-    assert not has_secure_variant("sqlite")
+    """A launcher declares its secure variant (``Launcher.secure``), the plugin's as the built-in ones;
+    `consensus servers run NAME --secure` refuses a server without one before starting anything."""
+    assert launcher("redis").secure
+    assert launcher("postgresql").secure
     refused = subprocess.run(
         [
             sys.executable,

@@ -11,7 +11,7 @@ import pytest
 import consensus_api as ca
 from consensus_api.cli._common import expand_env
 from consensus_api.config import Alias, OptionParser, boolean, build_options, parse_url, redact_text
-from consensus_api.testing.certificates import write_certificates
+from consensus_testkit.certificates import write_certificates
 
 SECRET = "s3cr3t-pw"
 SECURED: dict[str, OptionParser] = {"tls": boolean, "ssl_cafile": Alias("tls_ca")}

@@ -1,4 +1,4 @@
-"""Real servers from consensus_api.testing, driven by real clients (no mocks)."""
+"""Real servers from consensus_testkit, driven by real clients (no mocks)."""
 
 from __future__ import annotations
 
@@ -21,13 +21,15 @@ from kafka.errors import KafkaError
 from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
-from consensus_api.testing import LAUNCHER_GROUP, SERVER_NAMES, ServerHandle, _host, start_server
-from consensus_api.testing._host import tcp_request
-from consensus_api.testing._process import launch
-from consensus_api.testing.etcd import BINARY_VARIABLE as ETCD_BINARY_VARIABLE
-from consensus_api.testing.etcd import ETCD_VERSION
-from consensus_api.testing.etcd import probe as etcd_probe
-from consensus_backends.zookeeper.profile import expire_zookeeper_session
+from consensus_api.errors import ConfigurationError
+from consensus_backends.etcd.testkit.server import BINARY_VARIABLE as ETCD_BINARY_VARIABLE
+from consensus_backends.etcd.testkit.server import ETCD_VERSION
+from consensus_backends.etcd.testkit.server import probe as etcd_probe
+from consensus_backends.zookeeper.testkit.profile import expire_zookeeper_session
+from consensus_testkit import ServerHandle, host, server_names, start_server
+from consensus_testkit.host import tcp_request
+from consensus_testkit.launchers import GROUP as LAUNCHER_GROUP
+from consensus_testkit.process import launch
 
 
 def _gone(pid: int) -> bool:
@@ -75,10 +77,11 @@ def started() -> Iterator[Callable[..., ServerHandle]]:
 
 
 def test_names_and_unknown_server() -> None:
-    # the built-in launchers, then those of installed plugins (CI installs consensus-redis)
-    assert SERVER_NAMES[:5] == ("postgresql", "mariadb", "zookeeper", "etcd", "kafka")
-    assert set(SERVER_NAMES[5:]) == {ep.name for ep in entry_points(group=LAUNCHER_GROUP)}
-    with pytest.raises(ValueError, match="unknown server"):
+    # every launcher is found by its entry point, the built-in ones as the plugin's (CI installs
+    # consensus-redis); an unknown name is a ConfigurationError naming the known ones
+    assert set(server_names()) == {ep.name for ep in entry_points(group=LAUNCHER_GROUP)}
+    assert {"postgresql", "mariadb", "zookeeper", "etcd", "kafka", "redis"} <= set(server_names())
+    with pytest.raises(ConfigurationError, match="unknown server 'mysql'; known: sqlite, etcd"):
         start_server("mysql")
 
 
@@ -303,7 +306,7 @@ def test_kafka_without_jars_names_the_installer(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_a_port_another_test_process_just_took_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    take = "from consensus_api.testing._host import free_port; print(free_port(), flush=True); input()"
+    take = "from consensus_testkit.host import free_port; print(free_port(), flush=True); input()"
     child = subprocess.Popen(
         [sys.executable, "-c", take], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
@@ -313,7 +316,7 @@ def test_a_port_another_test_process_just_took_is_not_handed_out(monkeypatch: py
         draws = iter([taken, taken])
         fallback = random.randint
         monkeypatch.setattr(random, "randint", lambda low, high: next(draws, None) or fallback(low, high))
-        assert _host.free_port() != taken  # free to bind, but claimed by the other process
+        assert host.free_port() != taken  # free to bind, but claimed by the other process
     finally:
         child.kill()
         child.wait(10)

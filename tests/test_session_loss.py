@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import consensus_api as ca
-from consensus_api.testing.faults import expire_session
+from consensus_testkit.faults import expire_session
 
 TIMEOUT = 10.0
 #: How long after the positive control a wrong re-join would have shown.

@@ -24,15 +24,15 @@ import consensus_api as ca
 from consensus_api import MembershipChanged, OperationTimeoutError, ValueChanged, registry
 from consensus_api.backend import WouldBlock
 from consensus_api.config import Options, Security, parse_url
-from consensus_api.conformance.helpers import EventLog, wait_until
-from consensus_api.conformance.worker import WorkerProcess
-from consensus_api.testing import ServerHandle, start_server
 from consensus_backends.sql import store
 from consensus_backends.sql.changes import AFTER_CHANGE_POLL, IDLE_GROWTH, DataVersion, Pace
 from consensus_backends.sql.engine import create, is_retryable, sqlite_write_lock_holder, stall_limit
 from consensus_backends.sql.rereads import ChangeReader
 from consensus_backends.sql.schema import Tables
 from consensus_backends.sql.watchdog import Watchdog
+from consensus_testkit import ServerHandle, start_server
+from consensus_testkit.conformance.helpers import EventLog, wait_until
+from consensus_testkit.conformance.worker import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSION_TIMEOUT = 12.0

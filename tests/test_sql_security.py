@@ -13,9 +13,9 @@ from urllib.parse import parse_qsl
 import pytest
 
 import consensus_api as ca
-from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing.certificates import Impostor
 from consensus_backends.sql.engine import APPLICATION_NAME
+from consensus_testkit import ServerHandle, start_server
+from consensus_testkit.certificates import Impostor
 
 #: Slack for a refused connect on a loaded 2-core machine.
 REFUSAL_SLACK = 1.0

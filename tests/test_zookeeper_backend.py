@@ -15,8 +15,8 @@ from zookeeper_support import Connect, server_zxid
 
 import consensus_api as ca
 from consensus_api import Versioned
-from consensus_api.testing import ServerHandle
 from consensus_backends.zookeeper.paths import _needs_escape, decode_name, encode_name
+from consensus_testkit import ServerHandle
 
 MIB = 1024 * 1024
 

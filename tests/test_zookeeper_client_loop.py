@@ -20,9 +20,9 @@ from zookeeper_support import kazoo_of
 
 import consensus_api as ca
 from consensus_api import ConsensusError, MemberExistsError, SessionState
-from consensus_api.conformance.helpers import EventLog, wait_until
-from consensus_api.testing import ServerHandle
 from consensus_backends.zookeeper import ZooKeeperBackend
+from consensus_testkit import ServerHandle
+from consensus_testkit.conformance.helpers import EventLog, wait_until
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # kazoo's thread dies

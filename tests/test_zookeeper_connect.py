@@ -10,8 +10,8 @@ import psutil
 import pytest
 
 import consensus_api as ca
-from consensus_api.testing import ServerHandle
-from consensus_api.testing.proxy import TcpProxy
+from consensus_testkit import ServerHandle
+from consensus_testkit.proxy import TcpProxy
 
 CONNECT_TIMEOUT = 1.0
 ATTEMPTS = 20

@@ -18,10 +18,10 @@ from consensus_api import (
     SessionState,
     ValueChanged,
 )
-from consensus_api.conformance.helpers import EventLog, wait_until
-from consensus_api.testing import ServerHandle
-from consensus_api.testing._host import HOST, free_port
-from consensus_backends.zookeeper.profile import expire_zookeeper_session
+from consensus_backends.zookeeper.testkit.profile import expire_zookeeper_session
+from consensus_testkit import ServerHandle
+from consensus_testkit.conformance.helpers import EventLog, wait_until
+from consensus_testkit.host import HOST, free_port
 
 
 def test_real_session_expiry_reports_lost_then_rejoins(zk_server: ServerHandle, zk_connect: Connect) -> None:

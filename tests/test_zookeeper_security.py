@@ -14,9 +14,9 @@ import pytest
 
 import consensus_api as ca
 from consensus_api import ConfigurationError, Versioned
-from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing._host import HOST, free_port
-from consensus_api.testing.certificates import Impostor
+from consensus_testkit import ServerHandle, start_server
+from consensus_testkit.certificates import Impostor
+from consensus_testkit.host import HOST, free_port
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ from kazoo.client import KazooClient
 
 import consensus_api as ca
 from consensus_api import Session, SessionState
-from consensus_api.conformance.helpers import EventLog
-from consensus_api.testing import ServerHandle, start_server
-from consensus_api.testing._host import HOST, tcp_request
 from consensus_backends.zookeeper import ZooKeeperBackend
+from consensus_testkit import ServerHandle, start_server
+from consensus_testkit.conformance.helpers import EventLog
+from consensus_testkit.host import HOST, tcp_request
 
 Connect = Callable[..., Session]
 

@@ -1,4 +1,5 @@
-"""The ``consensus`` command: storage, listeners, membership, elections, ping, conformance, servers, demo.
+"""The ``consensus`` command: storage, listeners, membership, elections, ping, migrate, demo; and the
+commands other products install (``consensus_api.commands``: conformance, servers, chaos, check, bench).
 
 Exit codes: 0 ok, 1 a contract failure, 2 a usage or configuration error
 (see ``consensus_api.cli._common``).
@@ -9,18 +10,12 @@ from __future__ import annotations
 import click
 
 from consensus_api.cli._common import ConsensusGroup
-from consensus_api.cli.bench import bench
-from consensus_api.cli.chaos import chaos
-from consensus_api.cli.check import check
-from consensus_api.cli.conformance import conformance
 from consensus_api.cli.demo import demo
 from consensus_api.cli.group import group
 from consensus_api.cli.info import leader, members
 from consensus_api.cli.kv import kv
 from consensus_api.cli.migrate import migrate
-from consensus_api.cli.ownership import ownership
 from consensus_api.cli.ping import ping
-from consensus_api.cli.servers import servers
 from consensus_api.cli.watch import watch
 
 __all__ = ["cli", "main"]
@@ -44,14 +39,8 @@ for _command in (
     leader,
     group,
     ping,
-    conformance,
-    servers,
     demo,
-    chaos,
-    check,
-    ownership,
     migrate,
-    bench,
 ):
     cli.add_command(_command)
 

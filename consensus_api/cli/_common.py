@@ -10,12 +10,14 @@ without a traceback.
 from __future__ import annotations
 
 import base64
+import functools
 import importlib.util
 import json
 import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, TypeVar
 from urllib.parse import urlencode
 
@@ -33,6 +35,7 @@ from consensus_api.errors import (
     ValueTooLargeError,
 )
 from consensus_api.model import Event, KeySetChanged, LeaderChanged, MembershipChanged, ValueChanged
+from consensus_api.registry import load_entry
 from consensus_api.session import Session, connect
 
 EXIT_OK = 0
@@ -78,8 +81,53 @@ def exit_code_for(exc: ConsensusError) -> int:
     return EXIT_USAGE if isinstance(exc, USAGE_ERRORS) else EXIT_FAILURE
 
 
+#: The entry-point group of commands beyond the runtime's (the test kit's, the chaos tools', ...).
+COMMAND_GROUP = "consensus_api.commands"
+
+
+@functools.cache
+def _command_entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=COMMAND_GROUP)}
+
+
+def _unavailable(name: str, why: str) -> click.Command:
+    """A command that could not be loaded: listed with why, and running it prints why (exit 2)."""
+
+    def explain() -> None:
+        print_error(why)
+        sys.exit(EXIT_USAGE)
+
+    return click.Command(
+        name,
+        callback=explain,
+        short_help=f"(unavailable: {why.rpartition(': ')[2]})",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        add_help_option=False,
+    )
+
+
 class ConsensusGroup(click.Group):
-    """A click group that turns a ``ConsensusError`` into a red message and an exit code."""
+    """A click group that turns a ``ConsensusError`` into a red message and an exit code.
+
+    Besides its own commands it lists every command installed in the entry-point
+    group ``consensus_api.commands`` and imports one only when it runs (a missing
+    extra is one line naming what to install, exit 2).
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_command_entry_points()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None or cmd_name not in _command_entry_points():
+            return command
+        try:
+            loaded = load_entry(_command_entry_points(), cmd_name, "command")
+        except ConfigurationError as exc:
+            return _unavailable(cmd_name, str(exc))
+        if not isinstance(loaded, click.Command):
+            return _unavailable(cmd_name, f"the command {cmd_name!r} is {loaded!r}, not a click command")
+        return loaded
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

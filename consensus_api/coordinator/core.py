@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost, Protocols
-from consensus_api.coordinator.generic.engine import GenericEngine
+from consensus_api.coordinator.generic.store_engine import GenericEngine
 from consensus_api.coordinator.handler import (
     NO_GENERATION,
     CoordinatorHandler,

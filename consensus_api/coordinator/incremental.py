@@ -51,7 +51,7 @@ from consensus_api.coordinator.handler import (
     resource_names,
 )
 from consensus_api.coordinator.member import GroupMember
-from consensus_api.coordinator.migration import Gate, classic_members_live
+from consensus_api.coordinator.protocol_switch import Gate, classic_members_live
 from consensus_api.errors import FencedError
 from consensus_api.keys import check_segment
 from consensus_api.model import SessionState, ValueChanged

@@ -35,7 +35,7 @@ from consensus_api.coordinator.handler import (
     check_resource_listener,
     resource_names,
 )
-from consensus_api.coordinator.migration import POLL, incremental_holders_live
+from consensus_api.coordinator.protocol_switch import POLL, incremental_holders_live
 from consensus_api.errors import ConfigurationError, ConsensusError
 
 if TYPE_CHECKING:

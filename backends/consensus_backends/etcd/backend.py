@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from consensus_api.backend import Backend, BackendEvents, Reader, Target
 from consensus_api.config import BackendURL, OptionParser, Options, boolean
@@ -42,9 +42,6 @@ from consensus_backends.etcd._lease import LeaseKeeper
 from consensus_backends.etcd._leased import LeasedKeys
 from consensus_backends.etcd._storage import Storage
 from consensus_backends.etcd._watch import PrefixWatch
-
-if TYPE_CHECKING:
-    from consensus_api.conformance.profile import TestProfile
 
 DEFAULT_PORT = 2379
 
@@ -204,13 +201,6 @@ class EtcdBackend(Backend):
             return self._client.status_version(self._deadline())
         except ConsensusError:
             return None
-
-    @classmethod
-    def test_profile(cls, url: BackendURL) -> TestProfile:
-        """``consensus_backends.etcd.profile``."""
-        from consensus_backends.etcd import profile  # noqa: PLC0415 - only tests need it
-
-        return profile.ETCD
 
     def fault_identity(self) -> dict[str, object]:
         """The session's lease: ``{"lease": id}`` (None while it is being replaced), the member its

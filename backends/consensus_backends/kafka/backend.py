@@ -43,7 +43,6 @@ from consensus_backends.kafka.records import Command, Op
 from consensus_backends.kafka.state import Outcome, Result, StateMachine
 
 if TYPE_CHECKING:
-    from consensus_api.conformance.profile import TestProfile
     from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
 
 
@@ -262,13 +261,6 @@ class KafkaBackend(Backend):
             if self._groups is not None:
                 self._groups.reporting(target)
             self.events.changed(target)
-
-    @classmethod
-    def test_profile(cls, url: BackendURL) -> TestProfile:
-        """``consensus_backends.kafka.profile``."""
-        from consensus_backends.kafka import profile  # noqa: PLC0415 - only tests need it
-
-        return profile.KAFKA
 
     def fault_identity(self) -> dict[str, object]:
         """The session's Kafka group members: ``{"members": [[group id, member id], ...]}``, its command-log

@@ -32,13 +32,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy
 from sqlalchemy import Connection, Engine
 
 from consensus_api.backend import Backend, Reader, Target, Writer
-from consensus_api.config import BackendURL, boolean, seconds
+from consensus_api.config import boolean, seconds
 from consensus_api.errors import (
     BackendUnavailableError,
     ConfigurationError,
@@ -64,9 +64,6 @@ from consensus_backends.sql.rereads import ChangeReader
 from consensus_backends.sql.schema import Tables
 from consensus_backends.sql.watchdog import Watchdog
 from consensus_backends.sql.writelock import begin_eagerly, is_busy
-
-if TYPE_CHECKING:
-    from consensus_api.conformance.profile import TestProfile
 
 log = logging.getLogger("consensus_api.sql")
 
@@ -260,13 +257,6 @@ class SQLBackend(Liveness, Backend):
         """The server's version (PostgreSQL, MySQL/MariaDB), or the SQLite library's (read at connect)."""
         version = self._engine.dialect.server_version_info
         return None if version is None else ".".join(str(part) for part in version)
-
-    @classmethod
-    def test_profile(cls, url: BackendURL) -> TestProfile:
-        """SQLite's, PostgreSQL's or MariaDB's (``consensus_backends.sql.profile``)."""
-        from consensus_backends.sql import profile  # noqa: PLC0415 - only tests need it
-
-        return profile.for_scheme(url.scheme)
 
     def fault_identity(self) -> dict[str, object]:
         """The session's lease row: ``{"sessions_table": name, "session_id": id}`` (tests only)."""

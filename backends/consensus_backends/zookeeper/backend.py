@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from kazoo.exceptions import KazooException
 
@@ -34,9 +34,6 @@ from consensus_backends.zookeeper.storage import Storage
 from consensus_backends.zookeeper.txn import ensure
 from consensus_backends.zookeeper.walk import walk
 from consensus_backends.zookeeper.watches import Watches
-
-if TYPE_CHECKING:
-    from consensus_api.conformance.profile import TestProfile
 
 
 class ZooKeeperBackend(Backend):
@@ -186,13 +183,6 @@ class ZooKeeperBackend(Backend):
             return None
         match = re.search(r"Zookeeper version: ([^-,\s]+)", answer)
         return None if match is None else match[1]
-
-    @classmethod
-    def test_profile(cls, url: BackendURL) -> TestProfile:
-        """``consensus_backends.zookeeper.profile``."""
-        from consensus_backends.zookeeper import profile  # noqa: PLC0415 - only tests need it
-
-        return profile.ZOOKEEPER
 
     def fault_identity(self) -> dict[str, object]:
         """The ZooKeeper session: ``{"session_id": int, "password": hex}``, and with TLS the file

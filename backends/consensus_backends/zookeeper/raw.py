@@ -32,7 +32,7 @@ from kazoo.protocol.states import WatchedEvent
 
 from consensus_api import config
 from consensus_api.errors import ConsensusError
-from consensus_api.migration.source import Changed
+from consensus_api.migrate.source import Changed
 from consensus_api.model import SessionState
 from consensus_backends.zookeeper.connection import Connection
 from consensus_backends.zookeeper.paths import chroot_of
@@ -57,7 +57,7 @@ def open_source(url: str, options: Mapping[str, Any]) -> RawTree:
 
 
 class RawTree:
-    """The znodes below one chroot as paths and values (a ``consensus_api.migration.source.Source``)."""
+    """The znodes below one chroot as paths and values (a ``consensus_api.migrate.source.Source``)."""
 
     def __init__(self, url: config.BackendURL, settings: config.Options) -> None:
         self._root = chroot_of(url.path)

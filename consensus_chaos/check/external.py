@@ -1,0 +1,239 @@
+"""Checking Jepsen histories (``consensus check PATH --format jepsen-log|jepsen-edn``) with either engine.
+
+Each file is one history; its operations are split per key (P-compositionality:
+a history is linearizable iff each key's is) and each key is searched on its
+own with the WGL search and the file's model. ``check_objects`` is the
+per-bucket function: the local engine calls it in this process, the Spark job
+once per bucket of keys (``pmod(xxhash64(file, key), buckets)``); a key is
+never split, so both reach the same verdicts. A file's verdict: ``invalid``
+if it cannot be parsed, else ``violation`` if a key is not linearizable, else
+``unknown`` if a key's search ran out of budget, else ``ok``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from consensus_api.errors import ConfigurationError
+from consensus_chaos.check import jepsen, models, wgl
+from consensus_chaos.check.ops import COLUMNS, INVALID, OP_ID, PASS, UNKNOWN, VIOLATION, Operation, bar
+from consensus_chaos.check.shrink import Item, search_items, shrink
+
+INPUT_COLUMNS: Final = {
+    "file": "string",
+    "key": "string",
+    "process": "bigint",
+    "call": "bigint",
+    "ret": "bigint",
+    "op": "string",
+}
+OUTPUT_COLUMNS: Final = {
+    "file": "string",
+    "key": "string",
+    "verdict": "string",
+    "ops": "bigint",
+    "steps": "bigint",
+    "ms": "double",
+    "detail": "string",
+}
+_VERDICTS: Final = {wgl.OK: PASS, wgl.ILLEGAL: VIOLATION, wgl.UNKNOWN: UNKNOWN}
+
+
+def _arrow_schema(columns: dict[str, str]) -> Any:
+    import pyarrow as pa  # noqa: PLC0415 - an optional dependency
+
+    types = {"string": pa.string(), "bigint": pa.int64(), "double": pa.float64()}
+    return pa.schema([(name, types[kind]) for name, kind in columns.items()])
+
+
+def spark_ddl() -> str:
+    """The output schema as a Spark DDL string."""
+    return ", ".join(f"`{name}` {kind}" for name, kind in OUTPUT_COLUMNS.items())
+
+
+def _encode(op: models.Op) -> str:
+    return json.dumps(op)
+
+
+def _decode(text: str) -> models.Op:
+    f, a, b = json.loads(text)
+    return (f, models.NIL if a == [] else a, models.NIL if b == [] else b)
+
+
+def to_table(files: dict[str, list[jepsen.ExternalOp]]) -> Any:
+    """The operations of parsed files as one Arrow table (``INPUT_COLUMNS``)."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    rows = [
+        {"file": name, "key": o.key, "process": o.process, "call": o.call, "ret": o.ret, "op": _encode(o.op)}
+        for name, ops in files.items()
+        for o in ops
+    ]
+    return pa.Table.from_pylist(rows, schema=_arrow_schema(INPUT_COLUMNS))
+
+
+def _operation(process: int, call: int, ret: int | None) -> Operation:
+    """An ``Operation`` for the shrinker and the timeline (times are line numbers; op id = invoke line)."""
+    row: list[int | None] = [None] * len(COLUMNS)
+    row[OP_ID] = call
+    return Operation(tuple(row), "", process, call, ret=ret, outcome="ok" if ret is not None else "info")
+
+
+def check_objects(table: Any, model_name: str, budget: wgl.Budget, explain: bool) -> Any:
+    """The per-bucket function: one output row per (file, key) of ``table``; with ``explain`` a violation's
+    row carries its failing window, its key's timeline and the longest linearizable prefix."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    kind = models.MODELS[model_name]
+    columns = [table.column(name).to_pylist() for name in INPUT_COLUMNS]
+    objects: dict[tuple[str, str], list[Item]] = defaultdict(list)
+    for file, key, process, call, ret, op in zip(*columns, strict=True):
+        objects[(file, key)].append((_operation(process, call, ret), _decode(op), call, ret))
+    out = []
+    for (file, key), items in objects.items():
+        items.sort(key=lambda i: i[2])
+        began = time.perf_counter()
+        result = search_items(items, kind.initial, budget, kind.step, deepest=explain)
+        detail: dict[str, Any] = {"message": result.reason}
+        if result.verdict == wgl.ILLEGAL and explain:
+            detail = _explain(items, result, budget, kind)
+        ms = (time.perf_counter() - began) * 1000
+        verdict = _VERDICTS[result.verdict]
+        out.append(
+            {"file": file, "key": key, "verdict": verdict, "ops": len(items), "steps": result.steps, "ms": ms,
+             "detail": json.dumps(detail) if verdict != PASS else None}
+        )  # fmt: skip
+    return pa.Table.from_pylist(out, schema=_arrow_schema(OUTPUT_COLUMNS))
+
+
+def _explain(
+    items: list[Item], result: wgl.Result[Any], budget: wgl.Budget, kind: models.Model[Any]
+) -> dict[str, Any]:
+    message, window = shrink(items, result, budget, kind)
+    position = {op: index for index, op in enumerate(result.order)}
+    timeline = []
+    for index, (op, m, _, _) in enumerate(items):
+        item = bar(op, kind.describe(m), index == result.failed_op)
+        item["prefix"] = position.get(index)
+        timeline.append(item)
+    return {"message": message, "window": window, "timeline": timeline, "prefix": len(result.order)}
+
+
+@dataclass(slots=True)
+class FileVerdict:
+    """The verdict of one history file."""
+
+    path: str
+    verdict: str
+    operations: int = 0
+    keys: int = 0
+    seconds: float = 0.0
+    error: str = ""
+    violation: dict[str, Any] = field(default_factory=dict)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """Verdict, operations, keys, seconds; for a violation its key, message and minimal failing window."""
+        data: dict[str, Any] = {
+            "file": self.path,
+            "verdict": self.verdict,
+            "operations": self.operations,
+            "keys": self.keys,
+            "seconds": round(self.seconds, 4),
+        }
+        if self.error:
+            data["error"] = self.error
+        if self.violation:
+            data["violation"] = {
+                k: self.violation[k] for k in ("key", "message", "window") if k in self.violation
+            }
+        return data
+
+
+def history_paths(path: Path) -> list[Path]:
+    """``path`` itself, or the files of the directory ``path`` (sorted; hidden files skipped)."""
+    if path.is_file():
+        return [path]
+    paths = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not paths:
+        raise ConfigurationError(f"no history file in {path}")
+    return paths
+
+
+def check_files(
+    path: Path,
+    fmt: str,
+    model_name: str,
+    *,
+    engine: str = "local",
+    budget: wgl.Budget | None = None,
+    explain: bool = False,
+    master: str = "local[*]",
+    session: Any = None,
+) -> list[FileVerdict]:
+    """Check every history file at ``path`` (a file or a directory); one verdict per file, in path order."""
+    if fmt not in jepsen.FORMATS:
+        raise ConfigurationError(f"unknown format {fmt!r}; expected one of {', '.join(jepsen.FORMATS)}")
+    if model_name not in models.MODELS:
+        raise ConfigurationError(f"unknown model {model_name!r}; expected one of {', '.join(models.MODELS)}")
+    budget = budget or wgl.Budget()
+    verdicts: dict[str, FileVerdict] = {}
+    parsed: dict[str, list[jepsen.ExternalOp]] = {}
+    for file in history_paths(path):
+        began = time.perf_counter()
+        try:
+            ops = jepsen.read_file(file, fmt, model_name)
+        except jepsen.HistoryParseError as exc:
+            verdicts[str(file)] = FileVerdict(str(file), INVALID, error=str(exc))
+            continue
+        parsed[str(file)] = ops
+        keys = {o.key for o in ops}
+        verdicts[str(file)] = FileVerdict(str(file), PASS, len(ops), len(keys), time.perf_counter() - began)
+    table = to_table(parsed)
+    if engine not in ("local", "spark"):
+        raise ConfigurationError(f"unknown engine {engine!r}; expected spark or local")
+    if engine == "local" or table.num_rows == 0:
+        output = check_objects(table, model_name, budget, explain)
+    else:
+        from consensus_chaos.check.spark import run_objects  # noqa: PLC0415 - optional
+
+        output = run_objects(table, model_name, budget, explain, session or _session(master))
+    for row in output.to_pylist():
+        _merge(verdicts[row["file"]], row)
+    return list(verdicts.values())
+
+
+def _session(master: str) -> Any:
+    from consensus_chaos.check.spark import spark_session  # noqa: PLC0415
+
+    return spark_session(master)
+
+
+def _merge(verdict: FileVerdict, row: dict[str, Any]) -> None:
+    verdict.seconds += row["ms"] / 1000
+    if row["verdict"] == PASS:
+        return
+    detail = json.loads(row["detail"] or "{}")
+    finding = {"key": row["key"], "verdict": row["verdict"], "ops": row["ops"], **detail}
+    verdict.findings.append(finding)
+    verdict.findings.sort(key=lambda f: (f["verdict"] != VIOLATION, f["key"]))
+    if row["verdict"] == VIOLATION:
+        verdict.verdict = VIOLATION
+        verdict.violation = verdict.findings[0]
+    elif verdict.verdict == PASS:
+        verdict.verdict = UNKNOWN
+
+
+def exit_code(verdicts: list[FileVerdict]) -> int:
+    """2 if a file is invalid, else 1 if a history is not linearizable, else 3 if a search ran out of
+    budget, else 0."""
+    found = {v.verdict for v in verdicts}
+    for verdict, code in ((INVALID, 2), (VIOLATION, 1), (UNKNOWN, 3)):
+        if verdict in found:
+            return code
+    return 0

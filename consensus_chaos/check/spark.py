@@ -1,0 +1,141 @@
+"""The Spark job: bucket the history by object and run the per-bucket function with ``applyInArrow``.
+
+``bucket = pmod(xxhash64(run, object), buckets)``, then
+``groupBy(bucket).applyInArrow(check_table)``: one Python call per bucket of
+many objects, never one per key. The driver binds 127.0.0.1, workers run
+this interpreter, and the UI and console progress are off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from consensus_api.errors import ConfigurationError
+from consensus_chaos.check import wgl
+from consensus_chaos.check.bucket import INPUT_COLUMNS, MEMBERS_SEPARATOR, check_table, spark_ddl
+from consensus_chaos.check.local import history_files
+
+ROWS_PER_BUCKET = 20_000
+MAX_BUCKETS = 1024
+#: Shuffle partitions hold about this many rows at most, so a task's sort buffers stay small.
+ROWS_PER_PARTITION = 1_000_000
+DRIVER_MEMORY = "2g"
+_MEMORY = re.compile(r"[1-9][0-9]*[kmgt]?", re.IGNORECASE)
+
+
+def check_memory(amount: str) -> str:
+    """``amount`` if it is a JVM memory size (``512m``, ``2g``); ``ConfigurationError`` otherwise."""
+    if not _MEMORY.fullmatch(amount):
+        raise ConfigurationError(f"driver memory must look like 512m or 2g, got {amount!r}")
+    return amount
+
+
+def spark_session(master: str = "local[*]", driver_memory: str = DRIVER_MEMORY) -> Any:
+    """A SparkSession configured for this job (see the module docstring); reused if one is running.
+
+    ``driver_memory`` caps the driver JVM's heap (with ``local[N]``, the executors' too): nothing
+    collects the history to the driver, only the checks' output (findings, summaries, histograms)."""
+    check_memory(driver_memory)
+    try:
+        from pyspark.sql import SparkSession  # noqa: PLC0415 - an optional dependency
+    except ImportError:
+        raise ConfigurationError(
+            "the Spark engine needs pyspark: pip install 'consensus-api[spark]'"
+        ) from None
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("consensus-check")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+    )
+    try:
+        session = builder.getOrCreate()
+    except Exception as exc:  # Java missing or unusable, ports refused...: the environment, not the history
+        raise ConfigurationError(f"could not start Spark with master {master!r}: {exc}") from exc
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def project(frame: Any) -> Any:
+    """Rows per checked object (one scan): ``okind`` and ``object`` added, fenced writes also under their
+    service, ``members`` joined into one string (an array column makes Arrow batching quadratic)."""
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415
+
+    kind, key, service = F.col("kind"), F.col("key"), F.col("service")
+
+    def pick(condition: Any, okind: str, name: Any) -> Any:
+        return F.when(condition, F.struct(F.lit(okind).alias("okind"), name.cast("string").alias("object")))
+
+    objects = F.array(
+        pick(kind == "kv", "kv", key),
+        pick((kind == "election") | ((kind == "kv") & service.isNotNull()), "election", service),
+        pick(kind == "group", "group", key),
+        pick(kind == "nemesis", "nemesis", F.lit(None)),
+    )
+    rows = frame.withColumn("o", F.explode(objects)).filter(F.col("o").isNotNull())
+    rows = rows.withColumn("okind", F.col("o.okind")).withColumn("object", F.col("o.object"))
+    return rows.withColumn("members", F.array_join("members", MEMBERS_SEPARATOR)).select(*INPUT_COLUMNS)
+
+
+def run_spark(directory: Path, budget: wgl.Budget, session: Any) -> Any:
+    """Check the history in ``directory`` with ``session``; returns the output as a ``pyarrow.Table``.
+
+    About ``ROWS_PER_BUCKET`` rows go to a bucket (read from the Parquet footers);
+    a few shuffle partitions per core keep every core busy, and more of them
+    keep each under ``ROWS_PER_PARTITION`` rows. Adaptive query execution is off
+    for this job: it would only re-plan what is sized here.
+    """
+    import pyarrow.parquet as pq  # noqa: PLC0415
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415
+
+    rows = sum(pq.read_metadata(path).num_rows for path in history_files(directory))
+    buckets = max(1, min(MAX_BUCKETS, rows // ROWS_PER_BUCKET))
+    cores = session.sparkContext.defaultParallelism
+    partitions = max(min(buckets, 4 * cores), -(-rows // ROWS_PER_PARTITION))
+    session.conf.set("spark.sql.shuffle.partitions", str(max(1, min(buckets, partitions))))
+    session.conf.set("spark.sql.adaptive.enabled", "false")  # sized above (see the docstring)
+    frame = session.read.parquet(str(directory / "*.parquet"))
+    keyed = project(frame).withColumn("bucket", F.expr(f"pmod(xxhash64(run, object), {buckets})"))
+
+    def check_bucket(table: pa.Table) -> pa.Table:  # the hints tell Spark this takes a whole group
+        return check_table(table, budget)
+
+    result = keyed.groupBy("bucket").applyInArrow(check_bucket, schema=spark_ddl())
+    return result.toArrow()
+
+
+def run_objects(
+    table: pa.Table, model_name: str, budget: wgl.Budget, explain: bool, session: Any
+) -> pa.Table:
+    """Check the operations of Jepsen histories (``external.INPUT_COLUMNS``) with ``session``: keys hashed
+    into buckets, one ``external.check_objects`` call per bucket; returns its output rows."""
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415
+
+    from consensus_chaos.check import external  # noqa: PLC0415
+
+    objects = len(set(zip(table.column("file").to_pylist(), table.column("key").to_pylist(), strict=True)))
+    cores = session.sparkContext.defaultParallelism
+    buckets = max(1, min(objects, 4 * cores))
+    session.conf.set("spark.sql.shuffle.partitions", str(buckets))
+    frame = session.createDataFrame(table).withColumn(
+        "bucket", F.expr(f"pmod(xxhash64(file, key), {buckets})")
+    )
+
+    def check_bucket(bucket: pa.Table) -> pa.Table:  # the hints tell Spark this takes a whole group
+        return external.check_objects(bucket.drop_columns(["bucket"]), model_name, budget, explain)
+
+    return frame.groupBy("bucket").applyInArrow(check_bucket, schema=external.spark_ddl()).toArrow()

@@ -1,0 +1,227 @@
+"""A chaos client process: ``python -m consensus_chaos.record.client_process --journal PATH ...``.
+
+The URL comes from ``$CONSENSUS_URL`` (credentials stay off the command line).
+The process talks to the runner in lines. It prints ``READY`` once connected
+and listening, ``SESSION <JSON>`` whenever its session is (re-)established
+(what names it on the server, ``Backend.fault_identity``, for a real
+server-side expiry), ``STOPPED`` after ``STOP`` on stdin
+(the workload has ended), ``DONE`` after ``FINAL`` (it waits until its
+listeners have been quiet for ``QUIET`` seconds, at most ``SETTLE_MAX``,
+reads each watched object directly and records that read as a ``final``
+marker), and ``BYE`` after ``EXIT``, once its session is closed. The runner
+sends ``EXIT`` only when every client is ``DONE``: closing a session changes
+memberships and leaderships others are still reading. Every wait is
+bounded: the process exits by itself after ``--lifetime`` seconds or when
+stdin closes. The library logs from INFO up to stderr, which the runner keeps
+beside the history as ``<run>.log``, each line stamped with the journal's
+clock (``time.monotonic_ns``) so that it reads against the history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from consensus_api.errors import BackendUnavailableError, ConfigurationError, ConsensusError
+from consensus_api.model import SessionState
+from consensus_api.session import Session, connect
+from consensus_chaos.record.journal import Journal
+from consensus_chaos.record.schema import ELECTION, FINAL, GROUP, KV
+from consensus_chaos.record.workload import QUIET, SETTLE_MAX, Plan, Worker, text
+
+RETRY = 0.2
+
+_say_lock = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One line to the runner."""
+    with _say_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def report_session(session: Session) -> None:
+    """Tell the runner what names ``session`` on the server now (``Backend.fault_identity``)."""
+    identity = session._backend.fault_identity()  # the SPI's test-only hook
+    say(f"SESSION {json.dumps(identity, separators=(',', ':'))}")
+
+
+class _JournalClock(logging.Formatter):
+    """Stamps a record with the journal's clock, then names its thread, logger and level."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = f"{time.monotonic_ns()} {record.threadName} {record.name} {record.levelname}"
+        return f"{stamp}: {super().format(record)}"
+
+
+def log_to_stderr() -> None:
+    """The library's records from INFO up to stderr, stamped with the journal's clock."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JournalClock())
+    library = logging.getLogger("consensus_api")
+    library.setLevel(logging.INFO)
+    library.addHandler(handler)
+
+
+class Commands:
+    """Lines from stdin, read by a daemon thread; EOF counts as ``EXIT``."""
+
+    def __init__(self) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stop = threading.Event()
+        threading.Thread(target=self._read, name="chaos-stdin", daemon=True).start()
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            command = line.strip()
+            if command in ("STOP", "EXIT"):
+                self.stop.set()
+            self.lines.put(command)
+        self.stop.set()
+        self.lines.put("EXIT")
+
+    def wait_for(self, command: str, deadline: float) -> bool:
+        """True once ``command`` arrives; False on EXIT or at ``deadline`` (monotonic seconds)."""
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                return False
+            if line == command:
+                return True
+            if line == "EXIT":
+                return False
+        return False
+
+
+def open_session(url: str, options: dict[str, Any], commands: Commands, deadline: float) -> Session | None:
+    """Connect, retrying while the backend is unreachable; None if stopped or out of time first."""
+    while not commands.stop.is_set() and time.monotonic() < deadline:
+        try:
+            return connect(url, **options)
+        except BackendUnavailableError:
+            time.sleep(RETRY)
+    return None
+
+
+def settle_and_record(worker: Worker) -> None:
+    """Wait for quiet listeners, then read each watched object and record it as a ``final`` marker."""
+    limit = time.monotonic() + SETTLE_MAX
+    while time.monotonic() < limit and time.monotonic_ns() - worker.last_event_ns < QUIET * 1e9:
+        time.sleep(0.05)
+    for key in sorted(worker.watched):
+        done, found = worker.fetch(key)
+        if done:
+            value = (text(found.value), found.version) if found is not None else (None, None)
+            worker.event(KV, FINAL, key=key, value=value[0], version=value[1])
+    done, current = worker.read_leadership()
+    if done:
+        fields = {} if current is None else {"leader": current.leader_id, "term": current.term}
+        worker.event(ELECTION, FINAL, service=worker.plan.service, **fields)
+    done, members = worker.read_members()
+    if done:
+        worker.event(GROUP, FINAL, key=worker.plan.group, members=sorted(members))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a chaos client does with its session: ``run(commands, deadline)`` until told to stop (or
+    out of time), then ``final()`` records its final markers."""
+
+    run: Callable[[Commands, float], None]
+    final: Callable[[], None]
+
+
+def serve(
+    args: argparse.Namespace, start: Callable[[Session, Journal], Workload], *, auto_rejoin: bool = True
+) -> int:
+    """A chaos client's life, the same for every workload: open the session (exit 2 for a bad
+    configuration), journal, tell the runner the session at each CONNECTED; ``start`` sets the workload
+    up, then ``READY``, the workload, ``STOPPED``, on ``FINAL`` its final markers and ``DONE``, on
+    ``EXIT`` ``BYE``. A ``ConsensusError`` ends the workload early; the session is always closed."""
+    log_to_stderr()
+    deadline = time.monotonic() + args.lifetime
+    commands = Commands()
+    options: dict[str, Any] = {
+        "session_timeout": args.session_timeout,
+        "request_timeout": args.request_timeout,
+        "connect_timeout": max(args.request_timeout, 2.0),
+        "auto_rejoin": auto_rejoin,
+    }
+    try:
+        session = open_session(os.environ["CONSENSUS_URL"], options, commands, deadline)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if session is None:
+        say("STOPPED")
+        return 0
+    journal = Journal(Path(args.journal), args.spawn, args.client)
+
+    def on_state(state: SessionState) -> None:
+        if state is SessionState.CONNECTED:
+            report_session(session)
+
+    session.add_state_listener(on_state)
+    report_session(session)
+    try:
+        workload = start(session, journal)
+        say("READY")
+        workload.run(commands, deadline)
+        say("STOPPED")
+        if commands.wait_for("FINAL", deadline):
+            workload.final()
+            say("DONE")
+            commands.wait_for("EXIT", deadline)
+    except ConsensusError as exc:
+        print(f"client stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        session.close()
+        journal.close()
+    say("BYE")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="consensus_chaos.record.client_process")
+    for name in ("--journal", "--prefix"):
+        parser.add_argument(name, required=True)
+    for name in ("--client", "--clients", "--keys", "--spawn", "--t0-ns", "--seed"):
+        parser.add_argument(name, type=int, required=True)
+    for name in ("--key-period", "--session-timeout", "--request-timeout", "--think", "--lifetime"):
+        parser.add_argument(name, type=float, required=True)
+    args = parser.parse_args(argv)
+    plan = Plan(args.prefix, args.clients, args.keys, int(args.key_period * 1e9), args.t0_ns, args.client)
+
+    def start(session: Session, journal: Journal) -> Workload:
+        worker = Worker(session, journal, plan, random.Random(args.seed))
+        worker.start_listening()
+
+        def run(commands: Commands, deadline: float) -> None:
+            while not commands.stop.is_set() and time.monotonic() < deadline:
+                try:
+                    worker.step()
+                except ConsensusError as exc:  # a listener could not be moved; operations never raise
+                    print(f"step failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                    time.sleep(RETRY)
+                time.sleep(worker.rng.uniform(0, args.think))
+
+        return Workload(run, lambda: settle_and_record(worker))
+
+    return serve(args, start, auto_rejoin=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

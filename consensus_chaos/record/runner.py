@@ -1,0 +1,249 @@
+"""The chaos runner: client processes, a nemesis, and the history they leave in Parquet.
+
+``run_chaos`` starts the server when asked, runs ``clients`` client processes
+(``consensus_chaos.record.client_process``) for ``duration`` seconds while the nemesis
+injects faults, then stops the workload, waits until dead sessions have
+expired, lets every live client record its ``final`` reads, and converts the
+journals into ``<out>/<run>.parquet``. Every wait is bounded; every process
+it started is gone when it returns.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from consensus_api.config import parse_url
+from consensus_api.errors import BackendUnavailableError, ConfigurationError
+from consensus_api.session import connect
+from consensus_chaos.record.client_slots import Clients
+from consensus_chaos.record.convert import collect, summarize, write_history
+from consensus_chaos.record.journal import Journal
+from consensus_chaos.record.nemesis import CLUSTER_FAULTS, FAULTS, SERVER_FAULTS, Nemesis
+from consensus_chaos.record.schema import NEMESIS_PROCESS
+from consensus_chaos.record.workload import SETTLE_MAX, TEAM_SIZE
+from consensus_testkit import (
+    DatabaseFile,
+    launcher,
+    require_launchers,
+    start_cluster,
+    start_store,
+    store_names,
+)
+from consensus_testkit.profile import SessionExpirer, profile_for
+
+if TYPE_CHECKING:
+    from consensus_testkit import ServerHandle
+    from consensus_testkit.cluster import ClusterHandle
+
+#: The client process of each workload: storage, elections and groups; a resource group; or locks.
+WORKLOADS = {
+    "storage": "consensus_chaos.record.client_process",
+    "coordinator": "consensus_chaos.record.ownership",
+    "locks": "consensus_chaos.record.locks",
+}
+STOP_TIMEOUT_MARGIN = 5.0
+READY_TIMEOUT = 60.0
+EXPIRE_TIMEOUT = 10.0
+
+Progress = Callable[[float, int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosOptions:
+    """What to run; see ``consensus chaos --help`` for the meaning of each field."""
+
+    url: str | None
+    server: str | None
+    duration: float
+    clients: int
+    keys: int
+    faults: frozenset[str]
+    out: Path
+    session_timeout: float = 2.0
+    request_timeout: float = 3.0
+    key_period: float = 2.0
+    fault_interval: float = 2.0
+    think: float = 0.005
+    workload: str = "storage"
+    nodes: int = 1
+    seed: int = field(default_factory=lambda: secrets.randbelow(2**31))
+
+    def validate(self) -> None:
+        """``ConfigurationError`` for options that cannot work together."""
+        if (self.url is None) == (self.server is None):
+            raise ConfigurationError("give either a URL or --server NAME (which starts the server)")
+        if self.server is not None and self.server not in store_names():
+            raise ConfigurationError(
+                f"unknown server {self.server!r}; expected one of {', '.join(store_names())}"
+            )
+        if self.workload not in WORKLOADS:
+            raise ConfigurationError(
+                f"unknown workload {self.workload!r}; expected one of {', '.join(WORKLOADS)}"
+            )
+        unknown = self.faults - set(FAULTS)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown faults {sorted(unknown)}; expected none or {', '.join(FAULTS)}"
+            )
+        if self.server is not None:
+            require_launchers((self.server,))  # its dependencies, before anything starts
+        clusters = self.server not in (None, "sqlite") and launcher(str(self.server)).cluster is not None
+        if self.nodes > 1 and (not clusters or self.nodes % 2 == 0 or self.nodes < 3):
+            raise ConfigurationError(
+                "--nodes needs an odd number, at least 3, and a --server whose launcher starts clusters"
+            )
+        if self.faults & CLUSTER_FAULTS and self.nodes == 1:
+            raise ConfigurationError(
+                f"--faults {','.join(sorted(self.faults & CLUSTER_FAULTS))} need --nodes 3"
+            )
+        if self.faults & SERVER_FAULTS and self.server in (None, "sqlite"):
+            raise ConfigurationError("--faults restart needs a server this command controls: --server NAME")
+        teams = -(-self.clients // TEAM_SIZE)
+        if self.workload == "storage" and self.keys < teams:
+            raise ConfigurationError(
+                f"--keys must be at least {teams} so that at most {TEAM_SIZE} clients share a key"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ChaosResult:
+    """What a run produced: the history file and counts for a summary."""
+
+    run: str
+    backend: str
+    path: Path
+    seconds: float
+    counts: dict[str, int]
+    faults: dict[str, int]
+    fault_errors: list[str]
+    spawns: int
+
+
+class _Server:
+    """The server a run controls (``consensus_testkit``): a real one, or a fresh database file."""
+
+    def __init__(self, name: str, workdir: Path, nodes: int = 1) -> None:
+        try:
+            self.store = start_cluster(name, nodes, workdir) if nodes > 1 else start_store(name, workdir)
+        except RuntimeError as exc:  # the server's log tail is in the message
+            raise BackendUnavailableError(f"could not start {name}: {exc}") from exc
+        self.url = self.store.url
+        #: The server process (or cluster), for the server faults; None for a database file.
+        self.handle: ServerHandle | ClusterHandle | None = (
+            None if isinstance(self.store, DatabaseFile) else self.store
+        )
+
+    def stop(self) -> None:
+        self.store.stop()
+
+
+def _probe(url: str, options: ChaosOptions) -> str:
+    """The backend's name; fails early (``ConfigurationError``, ``BackendUnavailableError``) on a bad URL."""
+    with connect(url, connect_timeout=max(5.0, options.request_timeout)) as session:
+        return session.backend
+
+
+def _expirer(url: str, expire: SessionExpirer) -> Callable[[Mapping[str, Any]], None]:
+    """``expire(identity)``: end the session ``identity`` names on the server at ``url``."""
+    parsed = parse_url(url)[0]
+    return lambda identity: expire(parsed, identity, EXPIRE_TIMEOUT)
+
+
+def _client_args(options: ChaosOptions, run: str) -> list[str]:
+    """The command line of a client process, without its slot, spawn, journal and seed."""
+    lifetime = options.duration + 4 * options.session_timeout + 8 * options.request_timeout + 60
+    flags = {
+        "prefix": f"chaos/{run}",
+        "clients": options.clients,
+        "keys": options.keys,
+        "t0-ns": time.monotonic_ns(),
+        "key-period": options.key_period,
+        "session-timeout": options.session_timeout,
+        "request-timeout": options.request_timeout,
+        "think": options.think,
+        "lifetime": lifetime,
+    }
+    module = WORKLOADS[options.workload]
+    return [sys.executable, "-m", module, *(p for k, v in flags.items() for p in (f"--{k}", str(v)))]
+
+
+def _drive(options: ChaosOptions, clients: Clients, nemesis: Nemesis, progress: Progress | None) -> None:
+    """The run's phases: clients up, workload under faults, stop, expiry of dead sessions, final reads."""
+    nemesis_thread = threading.Thread(target=nemesis.run, args=(options.fault_interval,), daemon=True)
+    for slot in range(options.clients):
+        clients.start(slot)
+    clients.wait_all("READY", READY_TIMEOUT + options.request_timeout)  # the clock starts when they work
+    started = time.monotonic()
+    nemesis_thread.start()
+    end = started + options.duration
+    while (now := time.monotonic()) < end:
+        clients.respawn_exited()
+        if progress is not None:
+            progress(now - started, clients.count_ops(), sum(nemesis.applied.values()))
+        time.sleep(min(0.25, max(0.0, end - now)))
+    nemesis.stop.set()
+    nemesis_thread.join(timeout=120)
+    clients.send_all("STOP")
+    clients.wait_all("STOPPED", 2 * options.request_timeout + STOP_TIMEOUT_MARGIN)
+    time.sleep(options.session_timeout * 4 / 3 + 1.0)  # dead sessions expire; views converge
+    clients.send_all("FINAL")
+    clients.wait_all("DONE", SETTLE_MAX + 6 * options.request_timeout + STOP_TIMEOUT_MARGIN)
+    clients.send_all("EXIT")  # only now: closing a session changes what the others read
+    clients.wait_all("BYE", 2 * options.request_timeout + STOP_TIMEOUT_MARGIN)
+    if progress is not None:
+        progress(time.monotonic() - started, clients.count_ops(), sum(nemesis.applied.values()))
+
+
+def run_chaos(options: ChaosOptions, progress: Progress | None = None) -> ChaosResult:
+    """Run one chaos test and write its history; see the module docstring."""
+    options.validate()
+    run = time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
+    options.out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{run}-"))
+    server: _Server | None = None
+    try:
+        server = _Server(options.server, workdir, options.nodes) if options.server else None
+        url = server.url if server is not None else str(options.url)
+        backend = _probe(url, options)
+        started = time.monotonic()
+        rng = random.Random(options.seed)
+        clients = Clients(_client_args(options, run), {**os.environ, "CONSENSUS_URL": url}, workdir, rng)
+        journal = Journal(workdir / "nemesis.jsonl", NEMESIS_PROCESS, NEMESIS_PROCESS)
+        expire = profile_for(url).expire_session
+        nemesis = Nemesis(
+            options.faults,
+            clients,
+            server=server.handle if server is not None else None,
+            expire_session=_expirer(url, expire) if expire is not None else None,
+            session_timeout=options.session_timeout,
+            journal=journal,
+            rng=rng,
+        )
+        try:
+            _drive(options, clients, nemesis, progress)
+        finally:
+            nemesis.stop.set()
+            clients.kill_all()
+            journal.close()
+        rows = collect(sorted(workdir.glob("*.jsonl")), run, backend, clients.kill_ns, time.monotonic_ns())
+        path = options.out / f"{run}.parquet"
+        write_history(rows, path)
+        clients.keep_logs(options.out / f"{run}.log")
+        seconds = time.monotonic() - started
+        faults, errors = dict(nemesis.applied), list(nemesis.errors)
+        return ChaosResult(run, backend, path, seconds, summarize(rows), faults, errors, clients.spawns)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

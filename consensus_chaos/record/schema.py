@@ -1,0 +1,91 @@
+"""The history format: one row per event, stored as Parquet (see docs/history-format.md).
+
+Every row has the same columns; a column that does not apply is null. Rows of
+one operation share ``op_id``: an ``invoke`` row and at most one completion
+(``ok``, ``fail`` or ``info``). ``time_ns`` is ``time.monotonic_ns()``, which
+is one system-wide clock on Linux, so rows of different processes compare.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+try:
+    import pyarrow as pa
+except ImportError:  # pragma: no cover - depends on the installed extras
+    pa = None
+
+from consensus_api.errors import ConfigurationError
+
+# Row types.
+INVOKE: Final = "invoke"
+OK: Final = "ok"
+FAIL: Final = "fail"
+INFO: Final = "info"
+EVENT: Final = "event"
+COMPLETIONS: Final = frozenset({OK, FAIL, INFO})
+
+# Kinds: which object a row belongs to.
+KV: Final = "kv"
+ELECTION: Final = "election"
+GROUP: Final = "group"
+SESSION: Final = "session"
+NEMESIS: Final = "nemesis"
+#: The coordinator workload's ownership events (``consensus_chaos.record.ownership``): ``f`` is
+#: subscribed / assigned / revoked / final; ``key`` the resource, ``value`` the member id, ``term``
+#: the generation, ``members`` the resources (subscribed, final).
+COORDINATOR: Final = "coordinator"
+#: The locks workload's rows (``consensus_chaos.record.locks``): ``acquire`` / ``release`` operations
+#: and ``lost`` events; ``key`` the lock, ``value`` the mode, ``term`` the token, ``leader`` the holder.
+LOCK: Final = "lock"
+
+# Operations (``f``): kv fetch/put/update/delete, these election ops, group join/leave/members.
+ELECTION_OPS: Final = frozenset({"nominate", "resign", "leadership"})
+READS: Final = frozenset({"fetch", "leadership", "members"})  # never change state
+
+# Events (``type == "event"``): listener deliveries and the observer's markers.
+VALUE_EVENT: Final = "value"  # ValueChanged (kv)
+LEADER_EVENT: Final = "leader"  # LeaderChanged (election)
+VIEW_EVENT: Final = "view"  # MembershipChanged (group)
+WATCH: Final = "watch"  # a listener was registered
+UNWATCH: Final = "unwatch"  # a listener was removed
+FINAL: Final = "final"  # after quiescence: the observer's direct read of the final state
+STATE_EVENT: Final = "state"  # a session state change (kind "session")
+
+NEMESIS_PROCESS: Final = -1
+
+#: Column name -> Arrow type name, in file order.
+COLUMNS: Final[dict[str, str]] = {
+    "run": "string",
+    "backend": "string",
+    "kind": "string",
+    "process": "int64",
+    "client": "int64",
+    "type": "string",
+    "f": "string",
+    "key": "string",
+    "value": "string",
+    "version": "int64",
+    "expected_version": "int64",
+    "term": "int64",
+    "service": "string",
+    "leader": "string",
+    "members": "list<string>",
+    "op_id": "int64",
+    "error": "string",
+    "time_ns": "int64",
+}
+
+
+def require_pyarrow() -> Any:
+    """The ``pyarrow`` module; ``ConfigurationError`` naming the extra when it is missing."""
+    if pa is None:
+        raise ConfigurationError("histories need pyarrow: pip install 'consensus-api[spark]'")
+    return pa
+
+
+def arrow_schema() -> Any:
+    """The Arrow schema of a history file."""
+    arrow = require_pyarrow()
+    types = {"string": arrow.string(), "int64": arrow.int64(), "list<string>": arrow.list_(arrow.string())}
+    return arrow.schema([(name, types[kind]) for name, kind in COLUMNS.items()])
