@@ -2,7 +2,9 @@
 
     python -m benchmarks.child MODE ARGS... --lifetime S
 
-Modes (``KIND`` is ``ours``, ``tooz`` or ``kazoo``; URLs are tooz URLs for ``tooz``):
+A child of the harness (:mod:`consensus_api.children`, parent side ``benchmarks.procs``): an
+argument ``-`` stands for the URL in ``$CONSENSUS_URL``. Modes (``KIND`` is ``ours``, ``tooz`` or
+``kazoo``; URLs are tooz URLs for ``tooz``):
 
 ``joiner KIND URL GROUP [MEMBER]``
     prints ``READY``; then serves ``JOIN <member>`` (prints ``JOINED <t0>``,
@@ -24,92 +26,65 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
+from kazoo.client import KazooClient
+
+from benchmarks import tooz_baseline
 from benchmarks.core import EVENT_TIMEOUT, wait_for
+from benchmarks.scale import host
+from consensus_api import LeaderChanged, connect
+from consensus_api.children import Parent, say
+from consensus_api.config import ENV_URL
 
-_print_lock = threading.Lock()
-
-
-def emit(*parts: object) -> None:
-    """Write one line to the parent."""
-    with _print_lock:
-        sys.stdout.write(" ".join(str(part) for part in parts) + "\n")
-        sys.stdout.flush()
-
-
-def commands(deadline: float) -> Iterator[str]:
-    """stdin lines until it closes or ``deadline`` (``time.monotonic``) passes."""
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def read() -> None:
-        for line in sys.stdin:
-            lines.put(line.strip())
-        lines.put(None)
-
-    threading.Thread(target=read, daemon=True).start()
-    while (remaining := deadline - time.monotonic()) > 0:
-        try:
-            line = lines.get(timeout=remaining)
-        except queue.Empty:
-            return
-        if line is None:
-            return
-        if line:
-            yield line
+#: How long the watchdog lets a child run past its lifetime (or after stdin closed): as long as the
+#: parent waits for a scale host's result beyond it.
+GRACE = 30.0
 
 
-def joiner(kind: str, url: str, group: str, member: str, deadline: float) -> None:
+def joiner(kind: str, url: str, group: str, member: str, parent: Parent) -> None:
     """See the module docstring."""
     if kind == "tooz":
-        from benchmarks import tooz_baseline  # noqa: PLC0415
-
         coord = tooz_baseline.coordinator(url, member)
         tooz_baseline.create_group(coord, group)
-        emit("READY")
-        for line in commands(deadline):
+        say("READY")
+        while (line := parent.next()) is not None:
             command = line.split()[0]
             if command == "JOIN":
                 start = time.monotonic()
                 coord.join_group(group.encode()).get()
-                emit("JOINED", repr(start))
+                say("JOINED", repr(start))
             elif command == "LEAVE":
                 coord.leave_group(group.encode()).get()
-                emit("LEFT")
+                say("LEFT")
         tooz_baseline.stop(coord)
         return
-    from consensus_api import connect  # noqa: PLC0415
-
     with connect(url) as session:
         handle = session.group(group)
-        emit("READY")
-        for line in commands(deadline):
+        say("READY")
+        while (line := parent.next()) is not None:
             command, name = line.split()
             if command == "JOIN":
                 start = time.monotonic()
                 handle.join(name)
-                emit("JOINED", repr(start))
+                say("JOINED", repr(start))
             elif command == "LEAVE":
                 handle.leave(name)
-                emit("LEFT")
+                say("LEFT")
 
 
-def candidate(kind: str, url: str, name: str, timeout: float, me: str, *, deadline: float) -> None:
+def candidate(kind: str, url: str, name: str, timeout: float, me: str, *, parent: Parent) -> None:
     """See the module docstring."""
     leads = threading.Event()
 
     def lead() -> None:
         if not leads.is_set():
             leads.set()
-            emit("LEADS", repr(time.monotonic()))
+            say("LEADS", repr(time.monotonic()))
 
     if kind == "ours":
-        from consensus_api import LeaderChanged, connect  # noqa: PLC0415
-
         session = connect(url, session_timeout=timeout)
         election = session.election(name)
 
@@ -120,28 +95,24 @@ def candidate(kind: str, url: str, name: str, timeout: float, me: str, *, deadli
         election.add_listener(on_change)
         election.nominate(me)
     elif kind == "tooz":
-        from benchmarks import tooz_baseline  # noqa: PLC0415
-
         coord = tooz_baseline.coordinator(url, me)
         tooz_baseline.create_group(coord, name)
         coord.watch_elected_as_leader(name.encode(), lambda event: lead())
         tooz_baseline.Pump(coord)
     else:
-        from kazoo.client import KazooClient  # noqa: PLC0415
-
         client = KazooClient(hosts=url, timeout=timeout)
         client.start(timeout=EVENT_TIMEOUT)
         election = client.Election(name, me)
 
         def hold() -> None:
             lead()
-            time.sleep(max(0.0, deadline - time.monotonic()))
+            time.sleep(max(0.0, parent.deadline - time.monotonic()))
 
         threading.Thread(target=election.run, args=(hold,), daemon=True).start()
         if not wait_for(lambda: me in election.contenders(), EVENT_TIMEOUT, interval=0.02):
             raise RuntimeError("the kazoo candidate did not queue up")
-    emit("QUEUED")
-    for _ in commands(deadline):
+    say("QUEUED")
+    while parent.next() is not None:
         pass
 
 
@@ -152,19 +123,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("args", nargs="*")
     parser.add_argument("--lifetime", type=float, default=900.0)
     options = parser.parse_args(argv)
-    deadline = time.monotonic() + options.lifetime
-    args = [os.environ[arg[4:]] if arg.startswith("env:") else arg for arg in options.args]
+    parent = Parent(options.lifetime, grace=GRACE)
+    args = [os.environ[ENV_URL] if arg == "-" else arg for arg in options.args]
     try:
         if options.mode == "joiner":
-            joiner(args[0], args[1], args[2], args[3] if len(args) > 3 else "member", deadline)
+            joiner(args[0], args[1], args[2], args[3] if len(args) > 3 else "member", parent)
         elif options.mode == "candidate":
-            candidate(args[0], args[1], args[2], float(args[3]), args[4], deadline=deadline)
+            candidate(args[0], args[1], args[2], float(args[3]), args[4], parent=parent)
         else:
-            from benchmarks.scale import host  # noqa: PLC0415
-
-            emit("RESULT", host(args[0], args[1], int(args[2]), int(args[3]), deadline))
+            say("RESULT", host(args[0], args[1], int(args[2]), int(args[3]), parent.deadline))
     except Exception as exc:
-        emit("ERROR", f"{type(exc).__name__}: {exc}".replace("\n", " "))
+        say("ERROR", f"{type(exc).__name__}: {exc}")
         sys.exit(1)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from consensus_chaos.check.external import check_files
+from consensus_chaos.check.spark import spark_session
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "external-histories"
 PORCUPINE_SECONDS = 0.55  # porcupine, all 102 Jepsen etcd histories
@@ -69,8 +70,6 @@ def kv(data: Path, expected: dict[str, bool], master: str | None) -> list[str]:
     """Each kv file on both engines; the files with a wrong verdict."""
     session = None
     if master is not None:
-        from consensus_chaos.check.spark import spark_session  # noqa: PLC0415 - optional
-
         began = time.perf_counter()
         session = spark_session(master)
         print(f"Spark {master} start-up: {time.perf_counter() - began:.1f} s (not counted below)")

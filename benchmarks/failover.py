@@ -29,11 +29,14 @@ import random
 import time
 from dataclasses import dataclass
 
+from kazoo.client import KazooClient
+
 from benchmarks import tooz_baseline
 from benchmarks.core import Plan, Row, Stamp, ms, ratio, within
 from benchmarks.procs import Child
 from benchmarks.raw import zk_hosts
 from consensus_api import config
+from consensus_backends.zookeeper.layout import Layout, chroot_of
 
 WAVE = 4
 SPREAD = 1.0
@@ -61,8 +64,6 @@ class _Expiry:
     """ZooKeeper only: when each leader's znode vanished (its session expired), seen by a third client."""
 
     def __init__(self, hosts: str) -> None:
-        from kazoo.client import KazooClient  # noqa: PLC0415
-
         self.client = KazooClient(hosts=hosts, timeout=10)
         self.client.start(timeout=10)
 
@@ -91,8 +92,6 @@ def _isolated(url: str, trial: str) -> str:
 def _leader_parent(trial: _Trial, url: config.BackendURL) -> str:
     """The znode whose children are the candidates of ``trial``'s election."""
     if trial.kind == "ours":
-        from consensus_backends.zookeeper.paths import Layout, chroot_of  # noqa: PLC0415
-
         return Layout(chroot_of(url.path)).queue(trial.name)
     if trial.kind == "tooz":
         return f"/tooz/{trial.name}/leader"

@@ -24,6 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kazoo.client import KazooClient
+from tooz import coordination
+
 import consensus_api
 from benchmarks.core import percentile
 from consensus_api import config
@@ -50,8 +53,6 @@ def _contenders(url: str, name: str) -> dict[str, Callable[[], None]]:
         ours.acquire()
         ours.release()
 
-    from tooz import coordination  # noqa: PLC0415
-
     ours_tooz = coordination.get_coordinator(f"consensus+{url}", b"bench")
     ours_tooz.start(start_heart=True)
     tooz_lock = ours_tooz.get_lock(f"bench-{name}".encode())
@@ -63,8 +64,6 @@ def _contenders(url: str, name: str) -> dict[str, Callable[[], None]]:
     contenders = {"ours": ours_round, "tooz driver on ours": tooz_round}
     parsed, _ = config.parse_url(url)
     if parsed.scheme in ("zookeeper", "zk"):
-        from kazoo.client import KazooClient  # noqa: PLC0415
-
         hosts = ",".join(f"{e.host}:{e.port or 2181}" for e in parsed.endpoints)
         zk_tooz = coordination.get_coordinator(f"zookeeper://{hosts}", b"bench-zk")
         zk_tooz.start(start_heart=True)
@@ -111,8 +110,6 @@ def _handover_ours(url: str) -> float:
 
 
 def _handover_kazoo(hosts: str) -> float:
-    from kazoo.client import KazooClient  # noqa: PLC0415
-
     path = f"/bench-locks/{uuid.uuid4().hex}"
     holder = subprocess.Popen(
         [sys.executable, "-c", _KAZOO_HOLDER, hosts, path], stdout=subprocess.PIPE, text=True

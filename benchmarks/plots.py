@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from matplotlib.figure import Figure
+
 BACKENDS = ("sqlite", "postgresql", "zookeeper", "etcd", "kafka")
 OPS = ("fetch", "put", "update", "fenced_update", "keys")
 COLORS = {"ours": "C0", "tooz": "C1", "kazoo": "C2"}
@@ -26,9 +28,6 @@ def draw(reports: list[dict[str, Any]], out: Path) -> list[Path]:
     """Write the PNGs for ``reports`` into ``out``; the paths written (none without reports)."""
     if not reports:
         return []
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg")
     out.mkdir(parents=True, exist_ok=True)
     return [
         _save(_ops(reports), out / "perf-ops.png"),
@@ -37,10 +36,9 @@ def draw(reports: list[dict[str, Any]], out: Path) -> list[Path]:
     ]
 
 
-def _ops(reports: list[dict[str, Any]]) -> Any:
-    from matplotlib import pyplot as plt  # noqa: PLC0415
-
-    figure, axes = plt.subplots(figsize=(9, 4))
+def _ops(reports: list[dict[str, Any]]) -> Figure:
+    figure = Figure(figsize=(9, 4))
+    axes = figure.subplots()
     backends = [report["backend"] for report in reports]
     width = 0.8 / len(OPS)
     highest = 1.5
@@ -57,10 +55,9 @@ def _ops(reports: list[dict[str, Any]]) -> Any:
     return figure
 
 
-def _propagation(reports: list[dict[str, Any]]) -> Any:
-    from matplotlib import pyplot as plt  # noqa: PLC0415
-
-    figure, axes = plt.subplots(figsize=(9, 4))
+def _propagation(reports: list[dict[str, Any]]) -> Figure:
+    figure = Figure(figsize=(9, 4))
+    axes = figure.subplots()
     backends = [report["backend"] for report in reports]
     series = [("ours p50", "ours_p50_ms"), ("ours p99", "ours_p99_ms")]
     series += [("raw watch p50", "baseline_p50_ms"), ("raw watch p99", "baseline_p99_ms")]
@@ -77,10 +74,9 @@ def _propagation(reports: list[dict[str, Any]]) -> Any:
     return figure
 
 
-def _failover(reports: list[dict[str, Any]]) -> Any:
-    from matplotlib import pyplot as plt  # noqa: PLC0415
-
-    figure, axes = plt.subplots(figsize=(10, 4))
+def _failover(reports: list[dict[str, Any]]) -> Figure:
+    figure = Figure(figsize=(10, 4))
+    axes = figure.subplots()
     labels: list[str] = []
     for report in reports:
         for name, row in _rows(report, "failover.").items():
@@ -104,12 +100,9 @@ def _failover(reports: list[dict[str, Any]]) -> Any:
     return figure
 
 
-def _save(figure: Any, path: Path) -> Path:
-    from matplotlib import pyplot as plt  # noqa: PLC0415
-
+def _save(figure: Figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
-    plt.close(figure)
     return path
 
 

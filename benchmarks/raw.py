@@ -22,6 +22,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import pyetcd
+from kazoo.client import KazooClient
+from pyetcd import etcdrpc
+
+from benchmarks.raw_kafka import RawKafka
+from benchmarks.raw_redis import RawRedis
+from benchmarks.raw_sql import RawSQL
 from consensus_api import config
 
 
@@ -61,15 +68,9 @@ def open_raw(url: str, run: str) -> RawOps:
     if scheme == "etcd":
         return RawEtcd(parsed, run)
     if scheme == "kafka":
-        from benchmarks.raw_kafka import RawKafka  # noqa: PLC0415
-
         return RawKafka(parsed, run)
     if scheme == "redis":
-        from benchmarks.raw_redis import RawRedis  # noqa: PLC0415 - the consensus-redis plugin
-
         return RawRedis(parsed, run)
-    from benchmarks.raw_sql import RawSQL  # noqa: PLC0415
-
     return RawSQL(parsed, run)
 
 
@@ -79,13 +80,11 @@ def zk_hosts(url: config.BackendURL) -> str:
 
 
 class RawZooKeeper:
-    """kazoo, with the znode layout of ``consensus_backends.zookeeper.paths`` (marker, anchor, dirs)."""
+    """kazoo, with the znode layout of ``consensus_backends.zookeeper.layout`` (marker, anchor, dirs)."""
 
     name = "kazoo"
 
     def __init__(self, url: config.BackendURL, run: str) -> None:
-        from kazoo.client import KazooClient  # noqa: PLC0415
-
         self.root = f"{url.path.rstrip('/')}/rawbench-{run}"
         self.client = KazooClient(hosts=zk_hosts(url), timeout=10)
         self.client.start(timeout=10)
@@ -168,10 +167,6 @@ class RawEtcd:
     name = "pyetcd"
 
     def __init__(self, url: config.BackendURL, run: str) -> None:
-        import pyetcd  # noqa: PLC0415
-        from pyetcd import etcdrpc  # noqa: PLC0415
-
-        self.rpc: Any = etcdrpc
         #: What the backend sends with every call (etcd's WithRequireLeader), sent here too.
         self.metadata = (("hasleader", "true"),)
         host, port = etcd_endpoint(url)
@@ -192,14 +187,14 @@ class RawEtcd:
         """Nothing to create in etcd's flat key space."""
 
     def _compare(self, key: bytes, target: str, result: str, **value: int) -> Any:
-        compare = self.rpc.Compare
+        compare = etcdrpc.Compare
         return compare(key=key, target=getattr(compare, target), result=getattr(compare, result), **value)
 
     def _put(self, key: bytes, value: bytes) -> Any:
-        return self.rpc.RequestOp(request_put=self.rpc.PutRequest(key=key, value=value))
+        return etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=key, value=value))
 
     def _txn(self, compare: list[Any], success: list[Any], failure: list[Any]) -> Any:
-        request = self.rpc.TxnRequest(compare=compare, success=success, failure=failure)
+        request = etcdrpc.TxnRequest(compare=compare, success=success, failure=failure)
         response = self.client.kvstub.Txn(request, self.client.timeout, metadata=self.metadata)
         if not response.succeeded:
             raise RuntimeError("transaction failed")
@@ -207,7 +202,7 @@ class RawEtcd:
 
     def fetch(self, key: str) -> object:
         response = self.client.kvstub.Range(
-            self.rpc.RangeRequest(key=self._key(key)), self.client.timeout, metadata=self.metadata
+            etcdrpc.RangeRequest(key=self._key(key)), self.client.timeout, metadata=self.metadata
         )
         kv = response.kvs[0]
         return bytes(kv.value), int(kv.mod_revision)
@@ -223,7 +218,7 @@ class RawEtcd:
             self._compare(target, "CREATE", "GREATER", create_revision=0),
             self._compare(target, "MOD", "EQUAL", mod_revision=version),
         ]
-        meta = self.rpc.RequestOp(request_range=self.rpc.RangeRequest(key=target, keys_only=True))
+        meta = etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=target, keys_only=True))
         return int(self._txn(compare, [self._put(target, value)], [meta]).header.revision)
 
     def fenced_update(self, key: str, value: bytes) -> int:
@@ -233,32 +228,32 @@ class RawEtcd:
         compare = [
             self._compare(target, "CREATE", "GREATER", create_revision=0),
             self._compare(self.candidate, "CREATE", "EQUAL", create_revision=self.term),
-            self.rpc.Compare(
+            etcdrpc.Compare(
                 key=candidates,
                 range_end=end,
-                target=self.rpc.Compare.CREATE,
-                result=self.rpc.Compare.GREATER,
+                target=etcdrpc.Compare.CREATE,
+                result=etcdrpc.Compare.GREATER,
                 create_revision=self.term - 1,
             ),
         ]
-        oldest = self.rpc.RangeRequest(
+        oldest = etcdrpc.RangeRequest(
             key=candidates,
             range_end=end,
             limit=1,
             keys_only=True,
-            sort_order=self.rpc.RangeRequest.ASCEND,
-            sort_target=self.rpc.RangeRequest.CREATE,
+            sort_order=etcdrpc.RangeRequest.ASCEND,
+            sort_target=etcdrpc.RangeRequest.CREATE,
         )
         failure = [
-            self.rpc.RequestOp(request_range=self.rpc.RangeRequest(key=target, keys_only=True)),
-            self.rpc.RequestOp(request_range=oldest),
+            etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=target, keys_only=True)),
+            etcdrpc.RequestOp(request_range=oldest),
         ]
         return int(self._txn(compare, [self._put(target, value)], failure).header.revision)
 
     def keys(self, namespace: str) -> frozenset[str]:
         prefix = self._key(namespace) + b"/"
         end = prefix[:-1] + bytes([prefix[-1] + 1])
-        request = self.rpc.RangeRequest(key=prefix, range_end=end, keys_only=True, limit=1000)
+        request = etcdrpc.RangeRequest(key=prefix, range_end=end, keys_only=True, limit=1000)
         response = self.client.kvstub.Range(request, self.client.timeout, metadata=self.metadata)
         children = set()
         for kv in response.kvs:

@@ -21,6 +21,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+import grpc
+import psycopg
+from kazoo.client import KazooClient
+from pyetcd import etcdrpc
+
+from benchmarks.raw import etcd_endpoint, zk_hosts
+from benchmarks.raw_sql import postgresql_url
 from consensus_api import config
 
 VALUE = b"v" * 100
@@ -56,25 +63,20 @@ async def open_raw_async(url: str, run: str) -> RawAsyncRead | None:
 class _Etcd:
     name = "grpc.aio"
 
-    def __init__(self, rpc: Any, blocking: Any, awaited: Any, channels: tuple[Any, Any], key: bytes) -> None:
-        self._request = rpc.RangeRequest(key=key)
+    def __init__(self, blocking: Any, awaited: Any, channels: tuple[Any, Any], key: bytes) -> None:
+        self._request = etcdrpc.RangeRequest(key=key)
         self._blocking = blocking
         self._awaited = awaited
         self._channels = channels
 
     @classmethod
     async def open(cls, url: config.BackendURL, run: str) -> _Etcd:
-        import grpc  # noqa: PLC0415
-        from pyetcd import etcdrpc  # noqa: PLC0415
-
-        from benchmarks.raw import etcd_endpoint  # noqa: PLC0415
-
         host, port = etcd_endpoint(url)
         target = f"{host}:{port}"
         plain, native = grpc.insecure_channel(target), grpc.aio.insecure_channel(target)
         key = f"/rawbench-{run}/async".encode()
         etcdrpc.KVStub(plain).Put(etcdrpc.PutRequest(key=key, value=VALUE), timeout=10)
-        return cls(etcdrpc, etcdrpc.KVStub(plain), etcdrpc.KVStub(native), (plain, native), key)
+        return cls(etcdrpc.KVStub(plain), etcdrpc.KVStub(native), (plain, native), key)
 
     def read(self) -> object:
         return self._blocking.Range(self._request, timeout=10)
@@ -97,10 +99,6 @@ class _ZooKeeper:
 
     @classmethod
     async def open(cls, url: config.BackendURL, run: str) -> _ZooKeeper:
-        from kazoo.client import KazooClient  # noqa: PLC0415
-
-        from benchmarks.raw import zk_hosts  # noqa: PLC0415
-
         client = KazooClient(hosts=zk_hosts(url), timeout=10)
         client.start(timeout=10)
         path = f"{url.path.rstrip('/')}/rawbench-{run}/async"
@@ -142,10 +140,6 @@ class _PostgreSQL:
 
     @classmethod
     async def open(cls, url: config.BackendURL, run: str) -> _PostgreSQL:
-        import psycopg  # noqa: PLC0415
-
-        from benchmarks.raw_sql import postgresql_url  # noqa: PLC0415
-
         conninfo = postgresql_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         blocking = psycopg.connect(conninfo, autocommit=True)
         awaited = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)

@@ -1,4 +1,4 @@
-"""The SQL baseline: the statements of ``consensus_backends.sql.store`` through SQLAlchemy Core.
+"""The SQL baseline: the statements of ``consensus_backends.sql.storage`` through SQLAlchemy Core.
 
 The statements run on tables of their own.
 
@@ -12,7 +12,7 @@ SHARE`` on PostgreSQL) first; keys = one ``SELECT``. SQLite writes begin with
 ``BEGIN IMMEDIATE`` in WAL mode with ``synchronous=NORMAL``, as the backend's.
 On MySQL/MariaDB (PyMySQL, ``READ COMMITTED``) the statements differ as the
 backend's do: they come from ``consensus_backends.sql.dialect``, the column
-types from ``consensus_backends.sql.schema``.
+types from ``consensus_backends.sql.layout``.
 """
 
 from __future__ import annotations
@@ -41,8 +41,14 @@ from sqlalchemy import (
 )
 
 from consensus_api import config
-from consensus_backends.sql.dialect import insert_if_absent, is_mysql, update_returning
-from consensus_backends.sql.schema import BLOB, KEY, MYSQL_DIALECTS, SECONDS, db_now
+from consensus_backends.sql.dialect import (
+    MYSQL_DIALECTS,
+    db_now,
+    insert_if_absent,
+    is_mysql,
+    update_returning,
+)
+from consensus_backends.sql.layout import BLOB, KEY, SECONDS
 
 
 def postgresql_url(url: config.BackendURL) -> URL:

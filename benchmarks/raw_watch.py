@@ -18,7 +18,15 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import psycopg
+import pyetcd
+from kazoo.client import KazooClient
+from pyetcd.watch import WatchResponse
+from sqlalchemy import Column, LargeBinary, MetaData, String, Table, create_engine, func, select
+
 from benchmarks.raw import etcd_endpoint, zk_hosts
+from benchmarks.raw_redis import RawRedis
+from benchmarks.raw_sql import postgresql_url
 from consensus_api import config
 
 Seen = Callable[[bytes], None]
@@ -56,8 +64,6 @@ class ZooKeeperWatch:
     name = "kazoo DataWatch"
 
     def __init__(self, url: config.BackendURL, run: str, seen: Seen) -> None:
-        from kazoo.client import KazooClient  # noqa: PLC0415
-
         self.path = f"{url.path.rstrip('/')}/rawbench-{run}/watched"
         self.writer = KazooClient(hosts=zk_hosts(url), timeout=10)
         self.watcher = KazooClient(hosts=zk_hosts(url), timeout=10)
@@ -86,9 +92,6 @@ class EtcdWatch:
     name = "etcd watch (pyetcd)"
 
     def __init__(self, url: config.BackendURL, run: str, seen: Seen) -> None:
-        import pyetcd  # noqa: PLC0415
-        from pyetcd.watch import WatchResponse  # noqa: PLC0415
-
         host, port = etcd_endpoint(url)
         self.key = f"/rawbench-{run}/watched".encode()
         self.writer, self.watcher = (
@@ -120,11 +123,6 @@ class PostgresNotify:
     name = "LISTEN/NOTIFY (psycopg)"
 
     def __init__(self, url: config.BackendURL, run: str, seen: Seen) -> None:
-        import psycopg  # noqa: PLC0415
-        from sqlalchemy import Column, LargeBinary, MetaData, String, Table, create_engine  # noqa: PLC0415
-
-        from benchmarks.raw_sql import postgresql_url  # noqa: PLC0415
-
         self.engine = create_engine(postgresql_url(url))
         self.table = Table(
             f"rawbench_{run}_watch",
@@ -150,8 +148,6 @@ class PostgresNotify:
         self.thread.start()
 
     def write(self, value: bytes) -> None:
-        from sqlalchemy import func, select  # noqa: PLC0415
-
         with self.engine.begin() as conn:
             conn.execute(self.table.update().where(self.table.c.key == "watched").values(value=value))
             conn.execute(select(func.pg_notify(self.channel, value.decode())))
@@ -171,8 +167,6 @@ class RedisStream:
     name = "XREAD BLOCK (redis-py)"
 
     def __init__(self, url: config.BackendURL, run: str, seen: Seen) -> None:
-        from benchmarks.raw_redis import RawRedis  # noqa: PLC0415 - the consensus-redis plugin
-
         self.writer = RawRedis(url, run)
         self.reader = RawRedis(url, run)
         self.writer.put("watched", b"")

@@ -22,8 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks import report
+from benchmarks import check_scale, external_histories, plots, report
 from consensus_api.config import redact_text
+from consensus_testkit import start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -70,8 +71,6 @@ def run_backend(name: str, options: list[str]) -> int:
             return _bench(name, f"sqlite:///{directory / 'bench.db'}", options)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-    from consensus_testkit import start_server  # noqa: PLC0415
-
     server = start_server(name)
     try:
         return _bench(name, server.url, options)
@@ -98,11 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.backends or BACKENDS:
         status = max(status, run_backend(name, options))
     if not args.backends and not args.only:  # the checker against external ground truth (no server)
-        from benchmarks import external_histories  # noqa: PLC0415
-
         status = max(status, external_histories.main(["--repeat", "2"] if args.quick else []))
-        from benchmarks import check_scale  # noqa: PLC0415 - 10M ops on Spark local[2] and locally
-
+        # 10M operations checked on Spark local[2] and locally
         status = max(status, check_scale.main(["--quick"] if args.quick else ["--violation"]))
     reports = []
     for name in BACKENDS:
@@ -114,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     for found in reports:
         print("\n".join([f"{found['backend']}:", *report.summary(found["results"])]))
     if not args.no_plots:
-        from benchmarks import plots  # noqa: PLC0415
-
         for path in plots.draw(reports, ROOT / "docs"):
             print(f"wrote {path}")
     return status

@@ -14,12 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import TYPE_CHECKING
+
+from tooz import coordination
+from tooz.coordination import CoordinationDriver
 
 from consensus_api import config
-
-if TYPE_CHECKING:
-    from tooz.coordination import CoordinationDriver
 
 log = logging.getLogger("benchmarks")
 
@@ -62,8 +61,6 @@ def missing(url: str, feature: str) -> str:
 
 def coordinator(url: str, member: str) -> CoordinationDriver:
     """A started tooz coordinator (heartbeat thread on) for ``member``."""
-    from tooz import coordination  # noqa: PLC0415
-
     coord = coordination.get_coordinator(url, member.encode())
     coord.start(start_heart=True)
     return coord
@@ -71,8 +68,6 @@ def coordinator(url: str, member: str) -> CoordinationDriver:
 
 def create_group(coord: CoordinationDriver, group: str) -> None:
     """Create ``group``; an existing group is fine."""
-    from tooz import coordination  # noqa: PLC0415
-
     with contextlib.suppress(coordination.GroupAlreadyExist):
         coord.create_group(group.encode()).get()
 

@@ -6,8 +6,7 @@ with ca.connect("etcd://127.0.0.1:2379/myapp", session_timeout=10) as session:
     session.storage.put("config/mode", b"fast")
 """
 
-__version__ = "0.2.0"
-
+from consensus_api._version import __version__ as __version__
 from consensus_api.assignors import Assignor, Subscription
 from consensus_api.coordinator import (
     NO_GENERATION,
@@ -34,6 +33,7 @@ from consensus_api.errors import (
     MemberExistsError,
     NotAMemberError,
     OperationTimeoutError,
+    PermissionDeniedError,
     SessionLostError,
     ValueTooLargeError,
     VersionConflictError,
@@ -86,6 +86,7 @@ __all__ = [
     "MembershipChanged",
     "NotAMemberError",
     "OperationTimeoutError",
+    "PermissionDeniedError",
     "ResourceHandler",
     "ResourceListener",
     "Session",

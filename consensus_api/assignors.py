@@ -5,9 +5,9 @@ take, and what it owns now) to the resources each member gets. Every
 resource in some member's subscription goes to exactly one member subscribed
 to it; the result is deterministic (it depends only on the subscriptions).
 Names follow Kafka's consumer assignors, and double as protocol names in
-protocol negotiation (docs/spec.md section 8): a member lists the assignors it
-supports in order of preference, the group uses the most preferred one that
-every member supports.
+protocol negotiation (<https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>):
+a member lists the assignors it supports in order of preference, the group uses the most preferred
+one that every member supports.
 
 * ``range``: resources with the same subscribers form a group; each group,
   sorted, is cut into contiguous ranges over the sorted subscribers (the first

@@ -48,7 +48,7 @@ from consensus_api.config import BackendURL, OptionParser, Options
 from consensus_api.model import Leadership, SessionState, Versioned
 
 if TYPE_CHECKING:
-    from consensus_api.coordinator.describe import GroupDescription
+    from consensus_api.coordinator.description import GroupDescription
     from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
 
 
@@ -150,7 +150,7 @@ class Backend(ABC):
     def close(self) -> None:
         """Release every member and candidacy at once and disconnect. Idempotent."""
 
-    # Storage (docs/spec.md section 4)
+    # Storage (<https://consensus-api.github.io/consensus-api/spec/#4-storage-kip-30-storage>)
 
     @abstractmethod
     def fetch(self, key: str) -> Versioned | None:
@@ -184,7 +184,7 @@ class Backend(ABC):
         not yielded. Order is unspecified.
         """
 
-    # Group membership (docs/spec.md section 6)
+    # Group membership (<https://consensus-api.github.io/consensus-api/spec/#6-groupmembership-kip-30-groupmembershipclient>)
 
     @abstractmethod
     def join(self, group: str, member_id: str, data: bytes) -> None:
@@ -198,7 +198,7 @@ class Backend(ABC):
     def membership(self, group: str) -> dict[str, bytes]:
         """The live members of ``group`` and their data."""
 
-    # Leader election (docs/spec.md section 7)
+    # Leader election (<https://consensus-api.github.io/consensus-api/spec/#7-leaderelection-kip-30-leaderelectionclient>)
 
     @abstractmethod
     def nominate(self, service: str, candidate_id: str) -> bool:
@@ -215,7 +215,7 @@ class Backend(ABC):
     def leadership(self, service: str) -> Leadership | None:
         """The current leader and term, or None."""
 
-    # Watches (docs/spec.md section 5)
+    # Watches (<https://consensus-api.github.io/consensus-api/spec/#5-listenerregistry-kip-30-listenerregistry>)
 
     @abstractmethod
     def watch(self, target: Target) -> None:
@@ -281,7 +281,7 @@ class Backend(ABC):
         """
         return {}
 
-    # Coordinator (docs/spec.md section 8)
+    # Coordinator (<https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>)
 
     def coordinator_engine(
         self, group: str, protocol_type: str, host: EngineHost, rebalance_timeout: float

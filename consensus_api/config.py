@@ -1,4 +1,4 @@
-"""Resolving the backend URL and options (docs/spec.md section 2).
+"""Resolving the backend URL and options (<https://consensus-api.github.io/consensus-api/spec/#2-connecting>).
 
 Resolution order for the URL: the ``url`` argument, ``$CONSENSUS_URL``,
 ``consensus.toml`` in the working directory (or the file ``$CONSENSUS_CONFIG``
@@ -160,7 +160,7 @@ def seconds(low: float, high: float = MAX_SECONDS) -> Callable[[Any], float]:
     return parse
 
 
-#: The ranges of the common timing options (docs/spec.md section 2).
+#: The ranges of the common timing options (<https://consensus-api.github.io/consensus-api/spec/#2-connecting>).
 SESSION_TIMEOUT = seconds(0.5)
 CALL_TIMEOUT = seconds(0.01)
 
@@ -217,7 +217,7 @@ COMMON_OPTIONS: Mapping[str, OptionParser] = {
     "auto_rejoin": boolean,
 }
 
-#: TLS and authentication, the same on every backend whose options list ``tls`` (docs/spec.md section 2).
+#: TLS and authentication, the same on every backend whose options list ``tls`` (<https://consensus-api.github.io/consensus-api/spec/#2-connecting>).
 SECURITY_OPTIONS: Mapping[str, OptionParser] = {
     "tls": boolean,
     "tls_ca": string,
@@ -338,7 +338,7 @@ def build_options(
 
 
 def resolve(url: str | None) -> tuple[str, dict[str, Any]]:
-    """The URL to use and the options from the config file, in the order of docs/spec.md section 2."""
+    """The URL to use and the options from the config file, in the order of <https://consensus-api.github.io/consensus-api/spec/#2-connecting>."""
     if url is not None:
         return url, {}
     env_url = os.environ.get(ENV_URL)

@@ -1,4 +1,7 @@
-"""Leader election with fencing terms (docs/spec.md section 7, KIP-30 LeaderElectionClient)."""
+"""Leader election with fencing terms (KIP-30 LeaderElectionClient).
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#7-leaderelection-kip-30-leaderelectionclient>
+"""
 
 from __future__ import annotations
 

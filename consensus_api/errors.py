@@ -12,7 +12,13 @@ class ConsensusError(Exception):
 
 
 class ConfigurationError(ConsensusError):
-    """A bad URL, an unknown option, or a backend whose extra is not installed."""
+    """A bad URL, an unknown option, a backend whose extra is not installed, or a connection the
+    server refuses for good (credentials, certificates): retrying cannot help."""
+
+
+class PermissionDeniedError(ConfigurationError):
+    """The server admits the session's user but refuses it what the call needs (an ACL, a grant):
+    nothing was applied, and retrying cannot help."""
 
 
 class BackendUnavailableError(ConsensusError):
@@ -58,7 +64,7 @@ class FencedError(ConsensusError):
 
 
 class InvalidKeyError(ConsensusError, ValueError):
-    """A key, namespace or name breaks the key rules (docs/spec.md section 4)."""
+    """A key, namespace or name breaks the key rules (<https://consensus-api.github.io/consensus-api/spec/#4-storage-kip-30-storage>)."""
 
 
 class ValueTooLargeError(ConsensusError, ValueError):

@@ -1,4 +1,4 @@
-"""Validation of keys, names and values, done before any I/O (docs/spec.md section 4)."""
+"""Validation of keys, names and values, done before any I/O (<https://consensus-api.github.io/consensus-api/spec/#4-storage-kip-30-storage>)."""
 
 from __future__ import annotations
 

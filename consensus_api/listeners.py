@@ -1,4 +1,4 @@
-"""Listener bookkeeping and ordered, converging delivery (docs/spec.md section 5).
+"""Listener bookkeeping and ordered, converging delivery (<https://consensus-api.github.io/consensus-api/spec/#5-listenerregistry-kip-30-listenerregistry>).
 
 A backend only says that a target may have changed; the hub re-reads the
 target on the dispatcher thread and gives every callback the state it has

@@ -1,4 +1,6 @@
-"""Fenced locks, exclusive and shared (docs/spec.md section 7a), built on one election queue per lock.
+"""Fenced locks, exclusive and shared, built on one election queue per lock.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#7a-locks>
 
 The recipe (kazoo's ``Lock`` / ``ReadLock`` / ``WriteLock``, on this API's own
 primitives): every acquire queues a fresh candidate in the lock's election

@@ -1,4 +1,7 @@
-"""Group membership (docs/spec.md section 6, KIP-30 GroupMembershipClient)."""
+"""Group membership (KIP-30 GroupMembershipClient).
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#6-groupmembership-kip-30-groupmembershipclient>
+"""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from types import MappingProxyType
 
 
 class SessionState(enum.Enum):
-    """Liveness of a session (docs/spec.md section 3)."""
+    """Liveness of a session (<https://consensus-api.github.io/consensus-api/spec/#3-session>)."""
 
     CONNECTED = "connected"
     SUSPENDED = "suspended"

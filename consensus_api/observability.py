@@ -1,4 +1,4 @@
-"""Metrics, traces and logging of consensus-api (docs/spec.md section "Observability").
+"""Metrics, traces and logging of consensus-api (<https://consensus-api.github.io/consensus-api/spec/#17-asyncio-and-observability>).
 
 Logging: every logger is below ``consensus_api`` (``consensus_api.coordinator``,
 ``.sql``, ``.etcd``, ``.zookeeper``, ``.kafka``, ``.migrate``, ``.aio``); the
@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from consensus_api._version import __version__
 from consensus_api.backend import WouldBlock
 from consensus_api.errors import ConfigurationError
 from consensus_api.model import Event, LeaderChanged, MembershipChanged, SessionState
@@ -54,7 +55,7 @@ def otel_installed() -> bool:
     """True when the ``otel`` extra (opentelemetry-api) is importable (then it is imported)."""
     try:
         import opentelemetry.metrics  # noqa: PLC0415 - the optional otel extra
-        import opentelemetry.trace  # noqa: PLC0415, F401
+        import opentelemetry.trace  # noqa: PLC0415, F401 - the optional otel extra
     except ImportError:
         return False
     return True
@@ -65,8 +66,6 @@ class _Instruments:
 
     def __init__(self) -> None:
         from opentelemetry import metrics, trace  # noqa: PLC0415 - the optional otel extra
-
-        from consensus_api import __version__  # noqa: PLC0415 - the package imports this module
 
         metrics.get_meter_provider()  # loads a provider named by OTEL_PYTHON_METER_PROVIDER, if any
         trace.get_tracer_provider()  # likewise OTEL_PYTHON_TRACER_PROVIDER
@@ -290,10 +289,10 @@ def serve_prometheus(port: int, host: str = "127.0.0.1") -> None:
     the ``prometheus`` extra, else ``ConfigurationError`` naming it.
     """
     try:
-        from opentelemetry import metrics  # noqa: PLC0415 - optional extras
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415
-        from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
-        from prometheus_client import start_http_server  # noqa: PLC0415
+        from opentelemetry import metrics  # noqa: PLC0415 - the optional prometheus extra
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415 - likewise
+        from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415 - likewise
+        from prometheus_client import start_http_server  # noqa: PLC0415 - likewise
     except ImportError as exc:
         raise ConfigurationError(
             f"metrics export needs the {PROMETHEUS_EXTRA!r} extra: pip install "

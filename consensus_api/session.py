@@ -1,4 +1,7 @@
-"""Sessions: one client's connection and liveness (docs/spec.md sections 2 and 3)."""
+"""Sessions: one client's connection and liveness.
+
+Contract: sections 2 and 3 of <https://consensus-api.github.io/consensus-api/spec/>
+"""
 
 from __future__ import annotations
 
@@ -16,10 +19,11 @@ from consensus_api.closing import Closing
 from consensus_api.coordinator import (
     Coordinator,
     CoordinatorHandler,
+    GroupDescription,
     IncrementalCoordinator,
     ResourceListener,
 )
-from consensus_api.coordinator.describe import GroupDescription, describe_group
+from consensus_api.coordinator.describe import describe_group
 from consensus_api.dispatch import Dispatcher
 from consensus_api.election import LeaderElection
 from consensus_api.errors import NotAMemberError, SessionLostError
@@ -215,9 +219,9 @@ class Session(Closing):
         rebalance_timeout: float | None = None,
         group_instance_id: str | None = None,
     ) -> Coordinator:
-        """A member of ``group`` in Kafka's rebalance protocol (docs/spec.md section 8); joins on
-        ``ensure_active_group``; static (KIP-345) with a ``group_instance_id``. Closed with the
-        session."""
+        """A member of ``group`` in Kafka's rebalance protocol (<https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>);
+        joins on ``ensure_active_group``; static (KIP-345) with a ``group_instance_id``. Closed with
+        the session."""
         if self._telemetry is not None:
             handler = self._telemetry.observed_handler(handler, group)
         coordinator = Coordinator(
@@ -255,8 +259,9 @@ class Session(Closing):
         return self._attach(coordinator)
 
     def describe_group(self, group: str) -> GroupDescription:
-        """A snapshot of the coordinated group ``group`` (docs/spec.md section 8): mode, state, generation
-        or group epoch, protocol, and each member's instance id, epoch and assignment."""
+        """A snapshot of the coordinated group ``group`` (<https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>):
+        mode, state, generation or group epoch, protocol, and each member's instance id, epoch and
+        assignment."""
         return describe_group(self._port, group)
 
     def add_state_listener(self, callback: StateListener) -> None:

@@ -1,4 +1,7 @@
-"""Versioned key-value storage (docs/spec.md section 4, KIP-30 Storage)."""
+"""Versioned key-value storage (KIP-30 Storage).
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#4-storage-kip-30-storage>
+"""
 
 from __future__ import annotations
 
@@ -122,8 +125,8 @@ class Storage:
 
     def _write(self, fence: Leadership | None, write: Callable[[], T]) -> T:
         """Run ``write``; ``FencedError`` where it failed because this session, the holder of the
-        fence's candidacy, was lost: a lost session's candidacies are void (docs/spec.md section 3), and a
-        write that raised ``SessionLostError`` was not applied (backend SPI)."""
+        fence's candidacy, was lost: a lost session's candidacies are void (<https://consensus-api.github.io/consensus-api/spec/#3-session>),
+        and a write that raised ``SessionLostError`` was not applied (backend SPI)."""
         try:
             return write()
         except SessionLostError:

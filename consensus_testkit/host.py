@@ -73,15 +73,16 @@ def _claim(path: Path) -> int | None:
 
 
 def cache_dir() -> Path:
-    """The cache shared with scripts/install.sh: ``$CONSENSUS_CACHE`` or ``~/.cache/consensus-api``."""
+    """Where downloads and builds are kept (``consensus servers install``), and server templates:
+    ``$CONSENSUS_CACHE`` or ``~/.cache/consensus-api``."""
     return Path(os.environ.get("CONSENSUS_CACHE") or Path.home() / ".cache" / "consensus-api")
 
 
 def java_binary() -> str:
-    """``java`` on PATH; RuntimeError naming scripts/install.sh when missing."""
+    """``java`` on PATH; RuntimeError naming what to install when missing."""
     java = shutil.which("java")
     if java is None:
-        raise RuntimeError("java not found: run scripts/install.sh")
+        raise RuntimeError("java not found: install a Java 17+ runtime (Debian package default-jre-headless)")
     return java
 
 

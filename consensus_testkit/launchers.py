@@ -14,8 +14,13 @@ the nodes holding a session's roles (``ClusterLauncher.holders``).
 ``sqlite`` is not a server but a database file (``DatabaseFile``): every
 store name is ``sqlite`` or a launcher's name.
 
-Loading a launcher imports its server module; a missing client library or test
-dependency is a ``ConfigurationError`` naming what to install.
+Loading a launcher checks that the Python packages of its entry point's extras
+are installed and imports its server module: a missing client library or test
+dependency is a ``ConfigurationError`` naming what to ``pip install``. What the
+server needs on the machine (its binaries, jars, Java) are the launcher's
+``needs`` (``consensus_testkit.prerequisites``): one missing is a
+``NotInstalledError`` naming ``consensus servers install NAME`` before anything
+starts.
 """
 
 from __future__ import annotations
@@ -23,12 +28,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, PackageNotFoundError, distribution, entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from packaging.requirements import Requirement
+
 from consensus_api.errors import ConfigurationError
-from consensus_api.registry import load_entry
+from consensus_api.registry import install_hint, load_entry
+from consensus_testkit import prerequisites
+from consensus_testkit.prerequisites import Prerequisite
 
 if TYPE_CHECKING:
     from consensus_testkit.cluster import ClusterHandle, NodeStatus
@@ -73,7 +82,8 @@ class Launcher:
     ``start``: a ready server (``ServerHandle``), ``secure=True`` only when
     ``secure`` says the launcher has a TLS and password variant; ``probe(port)``:
     whether the server at ``port`` serves; ``cluster``: set when the launcher
-    also starts replicated clusters.
+    also starts replicated clusters; ``needs``: what the server needs on the
+    machine, which ``consensus servers install NAME`` installs.
     """
 
     name: str
@@ -81,6 +91,7 @@ class Launcher:
     probe: Callable[[int], bool]
     secure: bool = False
     cluster: ClusterLauncher | None = None
+    needs: tuple[Prerequisite, ...] = ()
 
 
 @cache
@@ -101,21 +112,54 @@ def store_names() -> tuple[str, ...]:
 @cache
 def launcher(name: str) -> Launcher:
     """The launcher of the server ``name``: ``ConfigurationError`` for an unknown name (naming the
-    known ones) or a launcher whose dependencies are not installed (naming what to install)."""
+    known ones) or a launcher whose Python packages are not installed (naming what to install)."""
     if name not in _entry_points():
         raise ConfigurationError(f"unknown server {name!r}; known: {', '.join(store_names())}")
+    entry = _entry_points()[name]
+    missing = _missing_packages(entry)
+    if missing:
+        raise ConfigurationError(
+            f"the {name!r} test server needs {', '.join(missing)}, not installed: {install_hint(entry)}"
+        )
     found = load_entry(_entry_points(), name, "test server launcher")
     if not isinstance(found, Launcher):
         raise ConfigurationError(f"the launcher {name!r} is {found!r}, not a consensus_testkit Launcher")
     return found
 
 
+def _missing_packages(entry: EntryPoint) -> list[str]:
+    """The distributions the extras of ``entry`` require that are not installed (a client library the
+    server module imports only once a server runs counts too)."""
+    if entry.dist is None or not entry.extras:
+        return []
+    return sorted(_unmet(entry.dist.name, frozenset(entry.extras), set()))
+
+
+def _unmet(dist_name: str, extras: frozenset[str], seen: set[tuple[str, str]]) -> set[str]:
+    """The distributions ``dist_name[extras]`` requires through its extras, recursively, that are not
+    installed (``dist_name`` itself when it is not)."""
+    try:
+        requires = distribution(dist_name).requires or []
+    except PackageNotFoundError:
+        return {dist_name}
+    unmet: set[str] = set()
+    for extra in sorted(extras):
+        if (dist_name, extra) in seen:
+            continue
+        seen.add((dist_name, extra))
+        for requirement in map(Requirement, requires):
+            if requirement.marker is not None and requirement.marker.evaluate({"extra": extra}):
+                unmet |= _unmet(requirement.name, frozenset(requirement.extras), seen)
+    return unmet
+
+
 def require_launchers(names: Iterable[str]) -> None:
-    """Load the launcher of every server in ``names`` (``sqlite`` needs none), so that a missing
-    dependency is a ``ConfigurationError`` naming it before anything starts."""
+    """Load the launcher of every server in ``names`` (``sqlite`` needs none) and check what its
+    server needs on the machine, so that anything missing is a ``ConfigurationError`` naming it
+    before anything starts."""
     for name in names:
         if name != SQLITE:
-            launcher(name)
+            prerequisites.check(name, launcher(name).needs)
 
 
 def secure_names() -> tuple[str, ...]:
@@ -142,7 +186,8 @@ def start_server(name: str, workdir: Path | None = None, *, secure: bool = False
     A secure server's URL names its user, password and TLS options; its
     certificates are made at start, in ``<server dir>/certs``
     (``consensus_testkit.certificates``). ``ConfigurationError`` for an unknown
-    name, a server without a secure variant or a missing dependency;
+    name, a server without a secure variant or a missing dependency
+    (``NotInstalledError`` for what the server needs on the machine);
     RuntimeError, with the tail of the server's log, when it cannot start
     (nothing is left running then).
     """
@@ -151,6 +196,7 @@ def start_server(name: str, workdir: Path | None = None, *, secure: bool = False
         raise ConfigurationError(
             f"no secure variant of {name!r}; secure servers: {', '.join(secure_names()) or 'none'}"
         )
+    prerequisites.check(name, found.needs)
     return found.start(workdir, secure=True) if secure else found.start(workdir)
 
 
@@ -159,15 +205,18 @@ def start_cluster(name: str, nodes: int = 3, workdir: Path | None = None) -> Clu
     the others following); see ``consensus_testkit.cluster``.
 
     ``ConfigurationError`` for a server whose launcher starts no cluster or fewer than 3 (or an even
-    number of) nodes; RuntimeError, with the logs' tails, when it cannot start.
+    number of) nodes, or what the server needs missing; RuntimeError, with the logs' tails, when it
+    cannot start.
     """
-    cluster = launcher(name).cluster
-    if cluster is None:
+    found = launcher(name)
+    if found.cluster is None:
         raise ConfigurationError(
             f"no cluster launcher for {name!r}; clusters: {', '.join(cluster_names()) or 'none'}"
         )
     if nodes < 3 or nodes % 2 == 0:
         raise ConfigurationError(f"a cluster needs an odd number of nodes, at least 3 (got {nodes})")
+    prerequisites.check(name, found.needs)
+    cluster = found.cluster
     return cluster.start(workdir, nodes)
 
 

@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from consensus_testkit.peer_router import PeerRouter
 from consensus_testkit.proxy import TcpProxy
 
 #: Bound of one control request and of the process's start.
@@ -142,11 +143,8 @@ def _serve(spec: Path) -> None:
         name: TcpProxy(int(target), listen_port=int(listen), connect_retry=CONNECT_RETRY)
         for name, (listen, target) in data["links"].items()
     }
-    if data.get("routers"):
-        from consensus_testkit.peer_router import PeerRouter  # noqa: PLC0415 - etcd clusters only
-
-        for listen, routes in data["routers"].items():
-            PeerRouter(int(listen), {int(port): int(link) for port, link in routes.items()})
+    for listen, routes in data.get("routers", {}).items():
+        PeerRouter(int(listen), {int(port): int(link) for port, link in routes.items()})
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     Path(data["socket"]).unlink(missing_ok=True)
     server.bind(data["socket"])

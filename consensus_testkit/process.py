@@ -2,9 +2,8 @@
 
 Every server runs in its own session (mirakuru starts it with ``setsid``); it
 and its descendants are signalled by PID only, never by name, and only while
-that PID still names the process it was taken from (PID and creation time: on
-a busy machine the kernel hands out every PID again within minutes, threads
-included). Its output goes to ``<dir>/server.log``.
+that PID still names the process it was taken from (``consensus_testkit.pids``).
+Its output goes to ``<dir>/server.log``.
 
 A handle can be handed to another process through a *control file*
 (``ServerHandle.write_control`` / ``ServerHandle.attach``): JSON with the
@@ -31,63 +30,19 @@ from types import TracebackType
 from typing import Any, Self
 
 import psutil
-from mirakuru import SimpleExecutor
 from mirakuru.exceptions import ProcessFinishedWithError
 
 from consensus_api.config import redact_text
 from consensus_testkit.host import HOST, log_tail
-
-
-def _process(pid: object, started: object = None) -> psutil.Process | None:
-    """The process ``pid`` names now, or None if there is none; given ``started`` (a creation time, as
-    a control file records it), None too if the PID now names a later process."""
-    if not isinstance(pid, int):
-        return None
-    try:
-        process = psutil.Process(pid)
-        if started is not None and process.create_time() != started:
-            return None
-    except psutil.NoSuchProcess:
-        return None
-    return process
-
-
-def _tree(root: psutil.Process) -> list[psutil.Process]:
-    """``root`` and all its descendants (none if ``root`` is gone or its PID names another process)."""
-    try:
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _alive(process: psutil.Process) -> bool:
-    """True while ``process`` runs and is not a zombie (False once its PID names another process)."""
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _send(processes: Sequence[psutil.Process], sig: int) -> None:
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            process.send_signal(sig)  # psutil refuses a PID that names another process by now
-
-
-def _wait_gone(processes: Sequence[psutil.Process], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while any(_alive(process) for process in processes):
-        if time.monotonic() > deadline:
-            left = [process.pid for process in processes if _alive(process)]
-            raise RuntimeError(f"processes {left} survived SIGKILL for {timeout}s")
-        time.sleep(0.01)
-
-
-def _wait_reaped(process: psutil.Process, timeout: float) -> None:
-    """Wait (at most ``timeout``) until ``process`` is gone, zombie included."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.is_running():
-        time.sleep(0.01)
+from consensus_testkit.pids import (
+    SessionExecutor,
+    alive,
+    family_of,
+    process_at,
+    signal_all,
+    wait_gone,
+    wait_reaped,
+)
 
 
 class ServerHandle:
@@ -129,7 +84,7 @@ class ServerHandle:
         self._stop_signal = stop_signal
         self._stop_timeout = stop_timeout
         self._popen_kwargs = popen_kwargs or {}
-        self._executor: _SessionExecutor | None = None
+        self._executor: SessionExecutor | None = None
         self._started: psutil.Process | None = None  # the server process the executor started
         self._adopted: psutil.Process | None = None  # one this handle did not start with mirakuru
         self._spawned: subprocess.Popen[bytes] | None = None  # one an attached handle started
@@ -164,12 +119,12 @@ class ServerHandle:
             return self._executor.running()
         if self._spawned is not None:
             self._spawned.poll()  # reap it if it died
-        return self._adopted is not None and _alive(self._adopted)
+        return self._adopted is not None and alive(self._adopted)
 
     def _live_processes(self) -> list[psutil.Process]:
         """The server processes alive now: the one the executor started, and an adopted one."""
         known = [process for process in (self._started, self._adopted) if process is not None]
-        return [process for process in dict.fromkeys(known) if _alive(process)]
+        return [process for process in dict.fromkeys(known) if alive(process)]
 
     def _server_process(self) -> psutil.Process | None:
         live = self._live_processes()
@@ -225,7 +180,7 @@ class ServerHandle:
             proxy_target=data.get("proxy_target"),
         )
         handle._control = Path(path)
-        handle._adopted = _process(data.get("pid"), data.get("started"))
+        handle._adopted = process_at(data.get("pid"), data.get("started"))
         handle._attached = True
         return handle
 
@@ -264,10 +219,10 @@ class ServerHandle:
             return
         try:
             data = json.loads(self._control.read_text())
-            process = _process(data.get("pid"), data.get("started"))
+            process = process_at(data.get("pid"), data.get("started"))
         except (OSError, ValueError, AttributeError):
             return
-        if process is not None and process != self._started and _alive(process):
+        if process is not None and process != self._started and alive(process):
             self._adopted = process
 
     def spawn(self) -> None:
@@ -282,7 +237,7 @@ class ServerHandle:
             self._spawn_detached()
             return
         with self.log_path.open("ab") as log:
-            self._executor = _SessionExecutor(
+            self._executor = SessionExecutor(
                 self._command,
                 cwd=str(self.directory),
                 timeout=self._stop_timeout,
@@ -293,7 +248,7 @@ class ServerHandle:
                 popen_kwargs=self._popen_kwargs,
             )
             self._executor.start()
-        self._started = _process(self._executor.process.pid if self._executor.process else None)
+        self._started = process_at(self._executor.process.pid if self._executor.process else None)
         self._adopted = None
         self._save_control()
 
@@ -310,7 +265,7 @@ class ServerHandle:
                 start_new_session=True,
                 **self._popen_kwargs,
             )
-        self._adopted = _process(self._spawned.pid)
+        self._adopted = process_at(self._spawned.pid)
         self._save_control()
 
     def wait_ready(self, timeout: float) -> None:
@@ -334,7 +289,7 @@ class ServerHandle:
 
     def _family(self) -> list[psutil.Process]:
         """The server process and its descendants (PostgreSQL's children start their own sessions)."""
-        return [member for root in self._live_processes() for member in _tree(root)]
+        return [member for root in self._live_processes() for member in family_of(root)]
 
     def pause(self) -> None:
         """Freeze the server process and all its descendants (SIGSTOP).
@@ -348,25 +303,25 @@ class ServerHandle:
             fresh = [process for process in self._family() if process not in stopped]
             if not fresh:
                 return
-            _send(fresh, signal.SIGSTOP)
+            signal_all(fresh, signal.SIGSTOP)
             stopped.update(fresh)
             time.sleep(0.01)
 
     def resume(self) -> None:
         """Continue a paused server (SIGCONT)."""
-        _send(self._family(), signal.SIGCONT)
+        signal_all(self._family(), signal.SIGCONT)
 
     def kill(self) -> None:
         """SIGKILL the server and its descendants and wait until they are gone; the data dir is kept."""
         family = self._family()
         if self._executor is not None:
             self._executor.kill()
-        _send(family, signal.SIGKILL)
-        _wait_gone(family, self._stop_timeout)
+        signal_all(family, signal.SIGKILL)
+        wait_gone(family, self._stop_timeout)
         if self._spawned is not None:
             self._spawned.wait(self._stop_timeout)  # no zombie: PostgreSQL would see its PID alive
         if self._adopted is not None:
-            _wait_reaped(self._adopted, 5.0)  # another process's child: its reaper takes it
+            wait_reaped(self._adopted, 5.0)  # another process's child: its reaper takes it
         self._adopted = None
 
     def restart(self, timeout: float = 60) -> None:
@@ -383,18 +338,18 @@ class ServerHandle:
         """
         self._adopt_current()
         family = self._family()
-        _send(family, signal.SIGCONT)
+        signal_all(family, signal.SIGCONT)
         if self._executor is not None:
             if self._executor.running():
                 with contextlib.suppress(ProcessFinishedWithError):  # a non-zero exit code is fine here
                     self._executor.stop()
             self._executor.kill()  # reaps a process that died on its own, with its marked leftovers
-        if self._adopted is not None and _alive(self._adopted):
-            _send([self._adopted], self._stop_signal)
+        if self._adopted is not None and alive(self._adopted):
+            signal_all([self._adopted], self._stop_signal)
             with contextlib.suppress(RuntimeError):
-                _wait_gone([self._adopted], self._stop_timeout)
-        _send([process for process in family if _alive(process)], signal.SIGKILL)
-        _wait_gone(family, self._stop_timeout)
+                wait_gone([self._adopted], self._stop_timeout)
+        signal_all([process for process in family if alive(process)], signal.SIGKILL)
+        wait_gone(family, self._stop_timeout)
         self._executor = None
         self._started = self._adopted = None
         self._stopped = True
@@ -423,19 +378,3 @@ def launch(handle: ServerHandle, timeout: float, *, then: Callable[[], object] |
         handle.stop()
         raise
     return handle
-
-
-class _SessionExecutor(SimpleExecutor):
-    """A mirakuru executor that starts its process in a new session without ``preexec_fn``.
-
-    mirakuru's ``preexec_fn=os.setsid`` runs Python code between fork and exec,
-    which gRPC's fork handlers sometimes abort when grpc threads are running in
-    the test process; ``start_new_session`` does the same in C.
-    """
-
-    @property
-    def _popen_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = super()._popen_kwargs
-        kwargs.pop("preexec_fn", None)
-        kwargs["start_new_session"] = True
-        return kwargs

@@ -54,6 +54,12 @@ MARKERS: Mapping[str, str] = {
 #: Why ``cluster`` tests do not apply to a URL naming fewer than two servers (``profile_for``).
 SINGLE_SERVER = "the URL names a single server; cluster tests run on `consensus servers run NAME --nodes 3`"
 
+#: Why ``secured_server`` tests do not apply to a URL without TLS (``profile_for``).
+PLAIN_SERVER = (
+    "the URL names a plain server (no tls_ca): the security section runs on "
+    "`consensus servers run NAME --secure -- consensus conformance '$CONSENSUS_URL'`"
+)
+
 #: ``expire_session(url, identity, timeout)``: end the session ``identity`` names on the server at ``url``.
 SessionExpirer = Callable[[BackendURL, Mapping[str, Any], float], None]
 
@@ -82,10 +88,12 @@ class TestProfile:
     a URL naming a single server.
     ``credentials_in_url``: its URLs may carry a user name and password (False:
     such a URL is a ``ConfigurationError``, as SQLite's file URLs are).
-    ``stops_inside_write``: the backend reads the test hook
-    ``CONSENSUS_TEST_STOP_IN_FENCED_WRITE`` (``conformance/worker.py``): its next
-    fenced write stops the process inside its transaction. Otherwise the
-    frozen-leader test stops the process while a write is in flight.
+    ``stop_inside_write(key)``: test kit code the frozen-leader tests' worker
+    calls in its own process before a fenced write of ``key``
+    (``conformance/worker.py``); it arranges, from outside the backend's code,
+    that the process stops itself (SIGSTOP) inside that write's transaction,
+    after its statements and before its commit, holding its locks. None: the
+    worker stops the process while the write's request is in flight.
     ``restart_delay``: seconds a cluster node of this backend may take, once
     started again after a SIGKILL, beyond what a ZooKeeper or etcd node takes to
     vote and serve (a JVM's start, a broker's re-registration). The quorum-loss
@@ -103,7 +111,7 @@ class TestProfile:
     unreachable_url: Callable[[BackendURL, Path], BackendURL]
     not_applicable: Mapping[str, str] = field(default_factory=dict)
     credentials_in_url: bool = True
-    stops_inside_write: bool = False
+    stop_inside_write: Callable[[str], None] | None = None
     restart_delay: float = 0.0
 
     def __post_init__(self) -> None:
@@ -151,9 +159,10 @@ def profile_for(url: str | BackendURL) -> TestProfile:
     ``cluster`` itself, its tests are declared not applicable when its
     server's launcher starts no cluster, or the URL names fewer than two
     servers (``SINGLE_SERVER``); ``session_roles`` likewise when its cluster
-    launcher names no session's role holders.
+    launcher names no session's role holders; ``secured_server`` when the URL
+    given as text names no ``tls_ca`` (``PLAIN_SERVER``).
     """
-    parsed = parse_url(url)[0] if isinstance(url, str) else url
+    parsed, query = parse_url(url) if isinstance(url, str) else (url, {})
     profile = load_entry(_entry_points(), parsed.scheme, "test profile")
     if not isinstance(profile, TestProfile):
         raise ConfigurationError(f"the {parsed.scheme!r} test profile is {profile!r}, not a TestProfile")
@@ -164,6 +173,8 @@ def profile_for(url: str | BackendURL) -> TestProfile:
             reason = f"no launcher starts a cluster of {profile.server or profile.name} servers"
         if reason is not None:
             profile = replace(profile, not_applicable={**profile.not_applicable, "cluster": reason})
+    if "secured_server" not in profile.not_applicable and "tls_ca" not in query:
+        profile = replace(profile, not_applicable={**profile.not_applicable, "secured_server": PLAIN_SERVER})
     if "session_roles" not in profile.not_applicable and (cluster is None or cluster.holders is None):
         reason = f"no node of a {profile.server or profile.name} cluster holds a role for one session"
         profile = replace(profile, not_applicable={**profile.not_applicable, "session_roles": reason})

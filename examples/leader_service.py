@@ -1,17 +1,22 @@
 """A single-writer service with leader failover, the way Schema Registry does it.
 
-    python examples/leader_service.py URL              # demo: 3 nodes, the leader is killed, failover
+    python examples/leader_service.py URL              # demo: 3 nodes, the writer is killed, failover
     python examples/leader_service.py URL --node n1    # one node, until Ctrl-C (run several)
 
 Every node joins the coordinator group ``leader-service`` (protocol type
 ``sr``, protocol ``v0``) with its identity as metadata. The group's leader
 picks the eligible node with the smallest URL and gives every node the same
 assignment: who the writer is. Only the writer appends to the shared log
-(``leader-service/log``): it re-reads the log before each write and writes
-with a compare-and-set on the version it read, and only while its
-generation is stable (``generation_if_stable``): during a rebalance nobody
-writes (``on_join_prepare`` clears the writer). When the writer dies, its
-session expires, the group rebalances and the next node takes over.
+(``leader-service/log``), and only while its generation is stable
+(``generation_if_stable``): during a rebalance nobody writes
+(``on_join_prepare`` clears the writer). Each write is fenced: the writer
+holds the lock ``leader-service/writer`` and writes with ``fence=`` its lease
+(re-reading the log first and writing with a compare-and-set on the version
+it read), so a writer that lost its place without noticing (paused, cut off)
+cannot write once the next one holds the lock; every entry records its
+writer's token, which only grows. When the writer dies, its session expires,
+its lease ends, the group rebalances and the next writer takes the lock with a
+greater token.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import consensus_api as ca
 
 GROUP = "leader-service"
 LOG_KEY = "leader-service/log"
+WRITER_LOCK = "leader-service/writer"
+NODES = ("n1", "n2", "n3")
 
 
 class Node:
@@ -40,6 +47,7 @@ class Node:
         self.identity = {"name": name, "url": f"http://{name}:8081", "eligible": True}
         self.session = session
         self.coordinator = session.coordinator(GROUP, "sr", self, rebalance_timeout=10)
+        self.writer_lock = session.lock(WRITER_LOCK)
         self._writer: tuple[int, str] | None = None  # (generation, writer's name) while stable
 
     # CoordinatorHandler (on the coordinator thread)
@@ -76,18 +84,30 @@ class Node:
         return stable is not None and writer is not None and writer == (stable.generation_id, self.name)
 
     def append(self, entry: str) -> int | None:
-        """Append ``entry`` to the log if this node is the writer; the new length, or None."""
+        """Append ``entry`` to the log if this node is the writer and holds the writer lock (waiting at
+        most a second for the previous writer's lease to end); the new length, or None."""
         if not self.writes():
+            if self.writer_lock.held:
+                self.writer_lock.release()  # the next writer takes over
             return None
+        try:
+            lease = self.writer_lock.lease or self.writer_lock.acquire(timeout=1.0)
+        except ca.SessionLostError:
+            return None  # the session was lost meanwhile: so is the writer's place
+        if lease is None:
+            return None  # the previous writer's lease has not ended yet
         storage = self.session.storage
         current = storage.fetch(LOG_KEY)  # read to the end before writing
         entries = json.loads(current.value) if current else []
-        entries.append({"by": self.name, "entry": entry})
+        entries.append({"by": self.name, "entry": entry, "token": lease.token})
         try:
             if current is None:
-                storage.put(LOG_KEY, json.dumps(entries).encode())
+                storage.put(LOG_KEY, json.dumps(entries).encode(), fence=lease)
             else:
-                storage.update(LOG_KEY, json.dumps(entries).encode(), version=current.version)
+                storage.update(LOG_KEY, json.dumps(entries).encode(), version=current.version, fence=lease)
+        except ca.FencedError:
+            say(self.name, f"fenced: my lease (token {lease.token}) is not the writer's any more")
+            return None
         except (ca.VersionConflictError, ca.KeyExistsError):
             say(self.name, "someone else wrote first; not the writer any more?")
             return None
@@ -107,30 +127,36 @@ def run_node(url: str, name: str, duration: float) -> int:
         while time.monotonic() < deadline:
             count += 1
             length = node.append(f"{name}-{count}")
-            if length is not None:
-                say(name, f"appended entry {length}")
+            lease = node.writer_lock.lease
+            if length is not None and lease is not None:
+                say(name, f"appended entry {length} (token {lease.token})")
             time.sleep(1.0)
     return 0
 
 
 def run_demo(url: str) -> int:
-    """Three node processes; the writer is SIGKILLed; another node takes over."""
-    nodes = {name: _spawn(url, name) for name in ("n1", "n2", "n3")}
+    """Three node processes; once they agree on the writer, it is SIGKILLed; another node takes the
+    writer lock with a greater token and goes on appending."""
+    nodes = {name: _spawn(url, name) for name in NODES}
     lines: list[str] = []
     relays = [threading.Thread(target=_relay, args=(proc, lines), daemon=True) for proc in nodes.values()]
     for relay in relays:
         relay.start()
     try:
-        first = _wait_for(lines, lambda line: "appended entry" in line, 60)
-        writer = first.split("] ", 1)[1].split(":", 1)[0]
-        time.sleep(3)
-        say("demo", f"killing the writer {writer} (SIGKILL)")
+        writer = _wait_for_agreed_writer(lines, 60)
+        agreed = len(lines)
+        appended = _wait_for(lines, lambda line: line.startswith(f"{writer}: appended entry"), 60, agreed)
+        say("demo", f"killing the writer {writer} (SIGKILL), which holds token {_token(appended)}")
         nodes[writer].send_signal(signal.SIGKILL)
         killed = len(lines)
-        second = _wait_for(
-            lines, lambda line: "appended entry" in line and f"{writer}:" not in line, 60, killed
+        taken = _wait_for(
+            lines, lambda line: "appended entry" in line and not line.startswith(writer), 60, killed
         )
-        say("demo", f"failover done: {second.split('] ', 1)[1].split(':', 1)[0]} writes now")
+        successor = taken.split(":", 1)[0]
+        say(
+            "demo",
+            f"fenced hand-over: {writer} (token {_token(appended)}) -> {successor} (token {_token(taken)})",
+        )
         time.sleep(2)
     finally:
         for proc in nodes.values():
@@ -141,9 +167,38 @@ def run_demo(url: str) -> int:
     with ca.connect(url) as session:
         stored = session.storage.fetch(LOG_KEY)
         entries = json.loads(stored.value) if stored else []
-    writers = [entry["by"] for entry in entries]
-    say("demo", f"the log holds {len(entries)} entries, written by {' then '.join(_runs(writers))}")
+    tenures = _runs([f"{entry['by']} (token {entry['token']})" for entry in entries])
+    say("demo", f"the log holds {len(entries)} entries, written by {' then '.join(tenures)}")
+    tokens = [entry["token"] for entry in entries]
+    if tokens != sorted(tokens):
+        say("demo", "FAILED: an entry was written with an older token than one before it")
+        return 1
     return 0
+
+
+def _wait_for_agreed_writer(lines: list[str], timeout: float) -> str:
+    """The writer once every node's latest generation is the same one, naming the same writer."""
+
+    def agreed() -> str | None:
+        latest: dict[str, tuple[int, str]] = {}
+        for line in lines:
+            node, _, text = line.partition(": ")
+            if text.startswith("generation "):
+                generation, _, role = text.removeprefix("generation ").partition(": ")
+                latest[node] = (int(generation), node if role == "I write" else role.split()[0])
+        views = set(latest.values())
+        return views.pop()[1] if len(latest) == len(NODES) and len(views) == 1 else None
+
+    deadline = time.monotonic() + timeout
+    while (writer := agreed()) is None:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the nodes did not agree on a writer within {timeout:.0f}s")
+        time.sleep(0.1)
+    return writer
+
+
+def _token(line: str) -> int:
+    return int(line.rpartition("(token ")[2].rstrip(")"))
 
 
 def _spawn(url: str, name: str) -> subprocess.Popen[str]:
@@ -154,10 +209,11 @@ def _spawn(url: str, name: str) -> subprocess.Popen[str]:
 
 
 def _relay(proc: subprocess.Popen[str], lines: list[str]) -> None:
+    """Print each line of a node, and keep it without its timestamp (``"n1: text"``)."""
     assert proc.stdout is not None
     for line in proc.stdout:
         print(line, end="", flush=True)
-        lines.append(line.strip())
+        lines.append(line.strip().partition("] ")[2])
 
 
 def _wait_for(lines: list[str], match: Callable[[str], bool], timeout: float, since: int = 0) -> str:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Set-up and the whole test suite with every real server:
-#   1. lint and types;
+#   1. lint and types; the documentation site built with `mkdocs build --strict` (no broken link);
 #   2. the conformance suite (every section, faults included) on SQLite,
 #      PostgreSQL, MariaDB, ZooKeeper, etcd, Kafka and Redis (the consensus-redis
-#      plugin, installed from plugins/): one process per backend, each
+#      plugin, installed from backends/consensus-redis): one process per backend, each
 #      with its own real server, in parallel; then the `security` section and
 #      the storage, session and errors sections on the secured servers
 #      (entries NAME:secure, `consensus servers run NAME --secure`); then the
@@ -16,15 +16,17 @@
 #   4. chaos runs with faults on every backend (and with leader faults on the
 #      clusters), and one run of the locks workload, whose histories one Spark
 #      job then checks for linearizability, election, membership, listener and
-#      lock safety.
+#      lock safety; beside them, in the background, the "wheels" phase
+#      (scripts/wheels.sh): the products built as wheels, each installed into a
+#      clean venv with only its documented extras, and checked as a user runs them.
 # A conformance or own test that fails runs once more, alone: if it then passes it is
 # named as flaky (and counted as passed), else it fails the run.
 # Ends with one line "tests: N passed, N failed".
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-bash scripts/install.sh || exit 2
 bash scripts/venv.sh || exit 2
+bash scripts/install.sh || exit 2   # `consensus servers install`, from the venv
 export PATH="$ROOT/.venv/bin:$PATH"
 out=$(mktemp -d "${TMPDIR:-/tmp}/consensus-test.XXXXXX")
 backends=${CONSENSUS_BACKENDS:-sqlite postgresql mariadb zookeeper etcd kafka redis postgresql:secure zookeeper:secure etcd:secure kafka:secure redis:secure zookeeper:cluster etcd:cluster kafka:cluster}
@@ -49,6 +51,12 @@ phase "lint and types"
 ruff check . || status=1
 ruff format --check . || status=1
 mypy || status=1
+
+phase "docs"   # the site (mkdocs.yml) builds with no broken link or anchor: one check in the results
+docs_started=$SECONDS
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "$out/site" >"$out/docs.log" 2>&1
+echo $? >"$out/docs.rc"
+echo "docs: mkdocs build --strict exit $(cat "$out/docs.rc") in $((SECONDS - docs_started)) s"
 
 conform() {  # one conformance run in the background: entry [selection [suffix of its output files]]
     local entry=$1 b=${1%%:*} select="not test_security" suffix=${3:-}   # security needs a secured server
@@ -122,6 +130,9 @@ if [ -n "$failed_own" ]; then
     pytest -q -p no:cacheprovider --junitxml="$out/own.rerun.xml" "${failed_nodes[@]}" >"$out/own.rerun.log" 2>&1
 fi
 
+phase "wheels (in the background, beside the chaos runs): consensus-api and consensus-redis from wheels in clean venvs"
+bash scripts/wheels.sh "$out/wheels" >"$out/wheels.log" 2>&1 &
+wheels=$!
 phase "${chaos_seconds} s chaos runs on: $plain $clusters, ${locks_seconds} s of locks on $locks, then one Spark check of every history"
 faults_on() {  # the nemesis's faults for a backend
     if [ "$1" = sqlite ]; then echo kill,pause,expire; else echo kill,pause,restart,expire; fi   # no server process to restart
@@ -144,6 +155,8 @@ fi
 consensus check "$out/chaos" --master 'local[2]' --report "$out/chaos-report.html" --json \
     >"$out/check.json" 2>>"$out/chaos.log"
 echo $? >"$out/check.rc"
+wait "$wheels"
+phase "$(tail -n 1 "$out/wheels.log")"
 
 phase "results"
 python - "$out" $backends <<'PY' || status=1
@@ -268,6 +281,31 @@ else:
     tail("chaos.log")
     digest.append("chaos.log")
 console.print(f"chaos runs failed: {runs_failed or 'none'}; Spark check exit {check_rc}", markup=False)
+console.print(f"chaos report (timelines, faults, findings): {out / 'chaos-report.html'}", markup=False)
+
+# the docs phase: `mkdocs build --strict`, one check
+docs_rc = (out / "docs.rc").read_text().strip() if (out / "docs.rc").exists() else "missing"
+if docs_rc == "0":
+    passed += 1
+else:
+    failed += 1
+    tail("docs.log")
+    digest.append("docs.log")
+console.print(f"docs: mkdocs build --strict exit {docs_rc}; the site: {out / 'site'}", markup=False)
+
+# the wheels phase: one line per check in wheels/results ("ok NAME", "flaky NAME", "failed NAME")
+results = out / "wheels" / "results"
+outcomes = [line.split(" ", 1) for line in (results.read_text().splitlines() if results.exists() else [])]
+wheels_failed = [name for outcome, name in outcomes if outcome not in ("ok", "flaky")]
+flaky += [f"wheels: {name}" for outcome, name in outcomes if outcome == "flaky"]
+passed += len(outcomes) - len(wheels_failed)
+failed += len(wheels_failed) + (0 if outcomes else 1)
+console.print(f"wheels: {len(outcomes) - len(wheels_failed)} checks passed; failed: {wheels_failed or 'none'}",
+              markup=False)
+for name in wheels_failed or ([] if outcomes else ["no result"]):
+    log = f"wheels/{name}.log" if (out / "wheels" / f"{name}.log").exists() else "wheels.log"
+    tail(log)
+    digest.append(log)
 
 for name in digest:  # again, briefly, at the end, where a reader of the output's last lines sees it
     tail(name, 1500)

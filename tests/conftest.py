@@ -16,7 +16,7 @@ from migrate_support import hosts
 from consensus_testkit import ServerHandle
 from consensus_testkit.host import HOST
 
-pytest_plugins = ["consensus_testkit.fixtures", "zookeeper_support"]
+pytest_plugins = ["consensus_testkit.fixtures", "zookeeper_support", "kafka_support", "etcd_support"]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import pytest
 
 import consensus_api as ca
 from consensus_api import aio
-from consensus_api.aio._bridge import Bridge
 from consensus_testkit import ServerHandle
 from consensus_testkit.conformance.loop_watch import StepWatch
 from consensus_testkit.conformance.test_aio import SLOW_STEP, blocked_steps
@@ -329,65 +328,6 @@ def test_cancelled_before_it_started_never_runs(
     run(main)
 
 
-def test_bridge_runs_at_most_workers_calls_and_shutdown_fails_the_queued_ones() -> None:
-    """Calls blocked in the core run ``workers`` at a time in arrival order; a queued one that is
-    cancelled never runs; ``shutdown`` lets running calls finish and fails queued and later ones
-    with SessionLostError."""
-    release = threading.Event()
-    running: set[int] = set()
-    ran: list[int] = []
-    peak = 0
-    guard = threading.Lock()
-
-    def blocked(number: int) -> Callable[[], int]:
-        def call() -> int:
-            nonlocal peak
-            with guard:
-                running.add(number)
-                peak = max(peak, len(running))
-            release.wait(TIMEOUT)
-            with guard:
-                running.discard(number)
-                ran.append(number)
-            return number
-
-        return call
-
-    async def running_count(expected: int) -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while len(running) != expected:
-            assert time.monotonic() < deadline, running
-            await asyncio.sleep(0.01)
-
-    async def main() -> None:
-        bridge = Bridge(asyncio.get_running_loop(), 2)
-        calls = [asyncio.create_task(bridge.run(blocked(number))) for number in range(5)]
-        await running_count(2)
-        await asyncio.sleep(0.1)
-        assert running == {0, 1}
-        calls[4].cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await calls[4]
-        release.set()
-        assert await asyncio.gather(*calls[:4]) == [0, 1, 2, 3]
-        assert peak == 2
-        assert 4 not in ran
-
-        release.clear()
-        last = [asyncio.create_task(bridge.run(blocked(number))) for number in (10, 11, 12)]
-        await running_count(2)
-        bridge.shutdown()
-        with pytest.raises(ca.SessionLostError):
-            await last[2]
-        release.set()
-        assert list(await asyncio.gather(last[0], last[1])) == [10, 11]
-        with pytest.raises(ca.SessionLostError, match="closed"):
-            await bridge.run(lambda: 1)
-        assert 12 not in ran
-
-    run(main)
-
-
 def test_calls_after_close_raise_session_lost(tmp_path: Path) -> None:
     async def main() -> None:
         session = await aio.connect(f"sqlite:///{tmp_path / 'x.db'}")
@@ -395,5 +335,54 @@ def test_calls_after_close_raise_session_lost(tmp_path: Path) -> None:
         await session.close()
         with pytest.raises(ca.SessionLostError, match="closed"):
             await session.storage.fetch("k")
+
+    run(main)
+
+
+def test_resource_handlers_with_async_listeners_share_the_resources(tmp_path: Path) -> None:
+    """Two ``AsyncResourceHandler`` members split the resources without overlap, their ``async def``
+    listeners run on the loop; when one leaves, the other takes everything (cooperatively)."""
+    url = f"sqlite:///{tmp_path / 'resources.db'}"
+    resources = {"a", "b", "c", "d"}
+
+    class Listener:
+        def __init__(self) -> None:
+            self.owned: set[str] = set()
+            self.on_loop = True
+
+        async def on_assigned(self, assigned: frozenset[str]) -> None:
+            self.on_loop &= threading.current_thread() is threading.main_thread()
+            self.owned |= assigned
+
+        async def on_revoked(self, revoked: frozenset[str]) -> None:
+            self.owned -= revoked
+
+    async def settled(members: list[aio.AsyncCoordinator], listeners: list[Listener]) -> None:
+        """Until each member owns a share: together all the resources, each once."""
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            for member in members:
+                await member.ensure_active_group()
+            owned = [listener.owned for listener in listeners]
+            if all(owned) and set().union(*owned) == resources and sum(map(len, owned)) == len(resources):
+                return
+            assert time.monotonic() < deadline, owned
+            await asyncio.sleep(0.1)
+
+    async def main() -> None:
+        async with aio.connect(url) as first, aio.connect(url) as second:
+            listeners = [Listener(), Listener()]
+            handlers = [aio.AsyncResourceHandler(resources, listener) for listener in listeners]
+            assert handlers[0].cooperative and handlers[0].resources == resources
+            members = [
+                await handler.join(session, "shards", rebalance_timeout=5)
+                for handler, session in zip(handlers, (first, second), strict=True)
+            ]
+            await settled(members, listeners)
+            assert [handler.owned for handler in handlers] == [listener.owned for listener in listeners]
+            await members[0].close()
+            assert listeners[0].owned == set()
+            await settled(members[1:], listeners[1:])
+            assert all(listener.on_loop for listener in listeners)
 
     run(main)

@@ -73,17 +73,17 @@ def test_inline_reads_are_the_reads_of_the_worker_path(tmp_path: Path) -> None:
                 await inline.storage.fetch("/bad/")
             loop_thread = threading.get_ident()
             threads = set()
-            original = inline._session.storage.fetch_nowait
+            original = inline._sync.storage.fetch_nowait
 
             def spy(key: str) -> ca.Versioned | None:
                 threads.add(threading.get_ident())
                 return original(key)
 
-            inline._session.storage.fetch_nowait = spy  # type: ignore[method-assign]
+            inline._sync.storage.fetch_nowait = spy  # type: ignore[method-assign]
             await inline.storage.fetch("app/k")
             assert threads == {loop_thread}
-            hopping._session.storage.fetch = spy  # type: ignore[method-assign]
-            hopping._session.storage.fetch_nowait = spy  # type: ignore[method-assign]
+            hopping._sync.storage.fetch = spy  # type: ignore[method-assign]
+            hopping._sync.storage.fetch_nowait = spy  # type: ignore[method-assign]
             threads.clear()
             await hopping.storage.fetch("app/k")
             assert threads and loop_thread not in threads  # inline_reads=False: on a worker
@@ -162,13 +162,13 @@ def test_inline_writes_run_on_the_loop_and_wait_on_a_worker(tmp_path: Path) -> N
         async with aio.connect(f"sqlite:///{path}", request_timeout=5) as session:
             loop_thread = threading.get_ident()
             threads: set[int] = set()
-            original = session._session.storage.put_nowait
+            original = session._sync.storage.put_nowait
 
             def spy(*args: object, **kwargs: object) -> int:
                 threads.add(threading.get_ident())
                 return original(*args, **kwargs)  # type: ignore[arg-type]
 
-            session._session.storage.put_nowait = spy  # type: ignore[method-assign]
+            session._sync.storage.put_nowait = spy  # type: ignore[method-assign]
             first = await session.storage.put("app/a", b"1")
             assert threads == {loop_thread}
             writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
@@ -184,13 +184,13 @@ def test_inline_writes_run_on_the_loop_and_wait_on_a_worker(tmp_path: Path) -> N
             assert await session.storage.fetch("app/b") == ca.Versioned(b"2", second)
         async with aio.connect(f"sqlite:///{path}", inline_writes=False) as hopping:
             threads.clear()
-            ordinary = hopping._session.storage.put
+            ordinary = hopping._sync.storage.put
 
             def spy_put(*args: object, **kwargs: object) -> int:
                 threads.add(threading.get_ident())
                 return ordinary(*args, **kwargs)  # type: ignore[arg-type]
 
-            hopping._session.storage.put = spy_put  # type: ignore[method-assign]
+            hopping._sync.storage.put = spy_put  # type: ignore[method-assign]
             await hopping.storage.put("app/c", b"3")
             assert threads and loop_thread not in threads  # inline_writes=False: on a worker
 

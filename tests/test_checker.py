@@ -247,7 +247,7 @@ def test_slice_is_small_and_keeps_the_failing_read(tmp_path: Path) -> None:
     timeline = finding["detail"]["timeline"]
     assert len(timeline) <= 2  # the update (a fixed state) and the stale fetch, without the noise
     assert [item["label"] for item in timeline if item["mark"]] == ["fetch() -> a@1"]
-    assert "data:image/png;base64," in render(outcome)
+    assert "<svg class='slice'" in render(outcome)
 
 
 def test_overlapping_leadership_reads_may_disagree(tmp_path: Path) -> None:
@@ -383,4 +383,4 @@ def test_spark_cli_exit_codes(tmp_path: Path, spark: Any) -> None:
     assert run_cli(str(fine), "--master", "local[2]").exit_code == 0
     result = run_cli(str(bad), "--master", "local[2]", "--json", "--report", str(tmp_path / "r.html"))
     assert result.exit_code == 1
-    assert "data:image/png;base64," in (tmp_path / "r.html").read_text()
+    assert "<svg class='timeline'" in (tmp_path / "r.html").read_text()

@@ -15,7 +15,6 @@ import pytest
 from cli_support import assert_clean_error, run
 
 import consensus_api as ca
-from consensus_testkit.cli.conformance import section_of
 
 CLI = [sys.executable, "-m", "consensus_api.cli"]
 
@@ -55,7 +54,9 @@ def test_kv_round_trip(url: str) -> None:
 def test_contract_failures_exit_1(url: str) -> None:
     assert run("kv", "put", "k", "v", "--url", url).exit_code == 0
     assert_clean_error(run("kv", "get", "missing", "--url", url), 1, "no such key")
-    assert_clean_error(run("kv", "put", "k", "again", "--url", url), 1, "already exists")
+    assert_clean_error(run("kv", "put", "k", "again", "--create-only", "--url", url), 1, "already exists")
+    assert_clean_error(run("kv", "put", "k", "again", "--if-version", "7", "--url", url), 1, "version")
+    assert_clean_error(run("kv", "put", "missing", "v", "--if-version", "1", "--url", url), 1, "missing")
     assert_clean_error(run("kv", "update", "k", "v2", "--version", "7", "--url", url), 1, "version")
     assert_clean_error(run("kv", "update", "missing", "v", "--url", url), 1, "missing")
     assert_clean_error(run("kv", "delete", "k", "--version", "7", "--url", url), 1, "version")
@@ -63,6 +64,7 @@ def test_contract_failures_exit_1(url: str) -> None:
 
 
 def test_usage_and_configuration_errors_exit_2(url: str) -> None:
+    assert run("kv", "put", "k", "v", "--url", url).exit_code == 0  # read-only commands need the database
     assert_clean_error(run("kv", "get", "k", "--url", "not a url"), 2, "malformed URL")
     assert_clean_error(run("kv", "get", "k", "--url", "nosuch://h/x"), 2, "no backend for the URL scheme")
     assert_clean_error(run("kv", "get", "k", "--url", url + "?bogus=1"), 2, "unknown option 'bogus'")
@@ -133,6 +135,7 @@ def test_watch_namespace_timeout(url: str) -> None:
 
 
 def test_members_and_leader(url: str) -> None:
+    ca.connect(url).close()  # read-only commands need the database
     assert run("members", "team", "--url", url).stdout == "no members in team\n"
     assert run("leader", "svc", "--url", url).stdout == "no leader\n"
     with ca.connect(url) as session:
@@ -215,117 +218,3 @@ def test_demo_shows_handover_with_higher_term(tmp_path: Path) -> None:
     assert match[1] != match[3] and int(match[4]) > int(match[2])
     assert "SIGKILL leader" in proc.stdout
     assert not _processes_mentioning(str(tmp_path)), "demo workers left running"
-
-
-def test_section_of() -> None:
-    assert section_of("consensus_testkit/conformance/test_storage.py::test_put[x/y]") == "storage"
-    assert section_of("test_errors.py::TestX::test_y") == "errors"
-    assert section_of("consensus_testkit/conformance/test_faults_netns.py::test_x") == "faults"
-
-
-COLLECTED = """
-import pytest
-
-@pytest.fixture
-def broken():
-    raise RuntimeError("setup fails")
-
-def test_ok():
-    pass
-
-def test_fails():
-    assert 1 == 2
-
-def test_skips():
-    pytest.skip("not here")
-
-def test_setup_error(broken):
-    pass
-"""
-
-
-def test_collector_counts_sections_on_a_real_pytest_run(tmp_path: Path) -> None:
-    (tmp_path / "test_alpha.py").write_text(COLLECTED)
-    (tmp_path / "test_beta.py").write_text("def test_ok():\n    pass\n")
-    (tmp_path / "test_gamma.py").write_text("import no_such_module_anywhere\n")
-    script = (
-        "import json, sys, pytest\n"
-        "from consensus_testkit.cli.conformance import Collector\n"
-        "c = Collector()\n"
-        "pytest.main([sys.argv[1], '-q', '-p', 'no:cacheprovider', '--continue-on-collection-errors'],"
-        " plugins=[c])\n"
-        "print(json.dumps({'sections': {n: [s.passed, s.failed, s.skipped] for n, s in c.sections().items()},"
-        " 'failed': c.failed_ids()}), file=sys.stderr)\n"
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=tmp_path,
-    )
-    result = json.loads(proc.stderr.strip().splitlines()[-1])
-    assert result["sections"] == {"alpha": [1, 2, 1], "beta": [1, 0, 0], "gamma": [0, 1, 0]}
-    assert sorted(result["failed"]) == [
-        "test_alpha.py::test_fails",
-        "test_alpha.py::test_setup_error",
-        "test_gamma.py",
-    ]
-
-
-def test_conformance_json_on_sqlite(tmp_path: Path) -> None:
-    env = {**os.environ, "CONSENSUS_URL": f"sqlite:///{tmp_path / 'conformance.db'}"}
-    proc = subprocess.run(
-        [*CLI, "conformance", "$CONSENSUS_URL", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        env=env,
-        cwd=tmp_path,
-    )
-    summary = json.loads(proc.stdout)  # stdout holds the JSON and nothing else
-    assert set(summary) == {
-        "backend",
-        "passed",
-        "failed",
-        "skipped",
-        "not_applicable",
-        "sections",
-    }
-    assert summary["backend"] == "sqlite"
-    assert summary["passed"] > 0
-    for counts in summary["sections"].values():
-        assert set(counts) == {"passed", "failed", "skipped", "not_applicable", "seconds"}
-    for kind in ("passed", "failed", "skipped"):
-        assert summary[kind] == sum(counts[kind] for counts in summary["sections"].values())
-    # tests that need a server process, and the security section, are not collected for SQLite: its
-    # profile says why
-    faults, security = summary["sections"]["faults"], summary["sections"]["security"]
-    not_applicable = sum(counts["not_applicable"] for counts in summary["sections"].values())
-    assert faults["passed"] > 0 and faults["not_applicable"] > 0
-    assert security["passed"] == 0 and security["not_applicable"] > 0
-    assert not_applicable == len(summary["not_applicable"])
-    assert {entry["reason"] for entry in summary["not_applicable"]} == {
-        "SQLite has no server process",
-        "SQLite has no server, so no TLS or passwords",
-        "a process frozen inside a write holds SQLite's file lock: writers wait for it",
-        "SQLite is a file, not a replicated cluster",
-    }
-    assert all(entry["test"].split("::")[0].endswith(".py") for entry in summary["not_applicable"])
-    assert proc.returncode == (0 if summary["failed"] == summary["skipped"] == 0 else 1), proc.stderr
-
-
-def test_conformance_errors(tmp_path: Path) -> None:
-    assert_clean_error(run("conformance", "sqlite:///x.db?bogus=1"), 2, "unknown option")
-    nothing = subprocess.run(
-        [*CLI, "conformance", f"sqlite:///{tmp_path / 'c.db'}", "--json", "-k", "no_test_is_named_like_this"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=tmp_path,
-    )
-    assert nothing.returncode == 1
-    assert json.loads(nothing.stdout)["passed"] == 0

@@ -51,7 +51,7 @@ def test_invalid_keys_raise(key: str) -> None:
 
 
 def _key_rule(key: str) -> bool:
-    """docs/spec.md section 4's key rule, written out plainly."""
+    """The key rule, written out plainly: <https://consensus-api.github.io/consensus-api/spec/#4-storage-kip-30-storage>."""
     try:
         size = len(key.encode("utf-8"))
     except UnicodeEncodeError:

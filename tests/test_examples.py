@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,21 @@ def test_task_workers_never_run_a_task_twice(tmp_path: Path, mode: str) -> None:
 
 
 def test_leader_service_fails_over(tmp_path: Path) -> None:
-    """Schema Registry style single writer: the writer is killed, another node takes over the log."""
+    """Schema Registry style single writer: the node killed is the writer, another node takes the writer
+    lock with a greater token and goes on appending; the log's tokens never go back."""
     output = _run("leader_service.py", tmp_path)
-    assert "written by" in output and " then " in output
+    killed = re.search(r"demo: killing the writer (n\d) \(SIGKILL\), which holds token (\d+)$", output, re.M)
+    assert killed, output
+    handover = re.search(
+        r"demo: fenced hand-over: (n\d) \(token (\d+)\) -> (n\d) \(token (\d+)\)$", output, re.M
+    )
+    assert handover, output
+    assert handover[1] == killed[1] and handover[2] == killed[2]
+    assert handover[3] != handover[1] and int(handover[4]) > int(handover[2])
+    before_kill = output[: killed.start()].splitlines()
+    last_append = [line for line in before_kill if "appended entry" in line][-1]
+    assert f"] {killed[1]}: appended entry" in last_append, output  # it was the current writer
+    tenures = re.search(r"demo: the log holds \d+ entries, written by (.+)$", output, re.M)
+    assert (
+        tenures and f"{killed[1]} (token {killed[2]}) then {handover[3]} (token {handover[4]})" in tenures[1]
+    )

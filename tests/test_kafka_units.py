@@ -16,7 +16,7 @@ import consensus_api as ca
 from consensus_api.config import build_options, parse_url
 from consensus_backends.kafka import KafkaBackend
 from consensus_backends.kafka import settings as kafka_settings
-from consensus_backends.kafka.channel import GroupView
+from consensus_backends.kafka.client import GroupView
 from consensus_backends.kafka.protocol import (
     GROUP_TYPE,
     Entry,

@@ -64,7 +64,7 @@ def test_plugin_is_its_own_distribution_found_by_entry_points() -> None:
 
 def test_plugin_launcher_declares_its_secure_variant() -> None:
     """A launcher declares its secure variant (``Launcher.secure``), the plugin's as the built-in ones;
-    `consensus servers run NAME --secure` refuses a server without one before starting anything."""
+    `consensus servers run NAME --secure` refuses a store without one before starting anything."""
     assert launcher("redis").secure
     assert launcher("postgresql").secure
     refused = subprocess.run(
@@ -74,7 +74,7 @@ def test_plugin_launcher_declares_its_secure_variant() -> None:
             "consensus_api.cli",
             "servers",
             "run",
-            "mariadb",
+            "sqlite",
             "redis",
             "--secure",
             "--",
@@ -86,7 +86,7 @@ def test_plugin_launcher_declares_its_secure_variant() -> None:
         check=False,
     )
     assert refused.returncode == 2
-    assert "no secure variant of mariadb;" in refused.stderr
+    assert "no secure variant of sqlite;" in refused.stderr
 
 
 def test_bad_urls_fail_before_any_io(tmp_path: Path) -> None:

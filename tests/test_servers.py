@@ -29,6 +29,7 @@ from consensus_backends.zookeeper.testkit.profile import expire_zookeeper_sessio
 from consensus_testkit import ServerHandle, host, server_names, start_server
 from consensus_testkit.host import tcp_request
 from consensus_testkit.launchers import GROUP as LAUNCHER_GROUP
+from consensus_testkit.prerequisites import NotInstalledError
 from consensus_testkit.process import launch
 
 
@@ -262,10 +263,11 @@ def test_etcd(started: Callable[..., ServerHandle]) -> None:
 def test_etcd_without_binary_names_the_installer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CONSENSUS_CACHE", str(tmp_path))
     monkeypatch.delenv(ETCD_BINARY_VARIABLE, raising=False)
-    with pytest.raises(RuntimeError, match=rf"etcd {ETCD_VERSION}\): run scripts/install\.sh"):
+    installer = r"run `consensus servers install etcd`"
+    with pytest.raises(NotInstalledError, match=rf"etcd needs etcd {ETCD_VERSION} .*: {installer}"):
         start_server("etcd", tmp_path)
     monkeypatch.setenv(ETCD_BINARY_VARIABLE, str(tmp_path / "elsewhere" / "etcd"))
-    with pytest.raises(RuntimeError, match=r"\$CONSENSUS_ETCD_BINARY\): run scripts/install\.sh"):
+    with pytest.raises(NotInstalledError, match=rf"\$CONSENSUS_ETCD_BINARY naming a binary\): {installer}"):
         start_server("etcd", tmp_path)
     assert list(tmp_path.iterdir()) == []
 
@@ -300,7 +302,9 @@ def test_kafka(started: Callable[..., ServerHandle]) -> None:
 
 def test_kafka_without_jars_names_the_installer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("CONSENSUS_CACHE", str(tmp_path))
-    with pytest.raises(RuntimeError, match=r"scripts/install\.sh"):
+    with pytest.raises(
+        NotInstalledError, match=r"kafka needs the Kafka .* jars .*: run `consensus servers install kafka`"
+    ):
         start_server("kafka", tmp_path)
     assert list(tmp_path.iterdir()) == []
 

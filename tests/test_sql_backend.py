@@ -1,10 +1,9 @@
-"""SQL backend: when a killed session's ephemeral state goes (SQLite); how a transaction whose
-client stalls inside it is bounded (PostgreSQL, MariaDB) or reported (SQLite); MariaDB's names and
-its change log's holes."""
+"""SQL backend on SQLite and PostgreSQL: when a killed session's ephemeral state goes; how a
+transaction whose client stalls inside it is bounded (PostgreSQL) or reported (SQLite); SQLite's
+change poll and file; PostgreSQL's change reader. MariaDB: ``test_sql_mariadb.py``."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import sqlite3
@@ -13,24 +12,22 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sqlalchemy
-from sqlalchemy.engine import Connection
 
 import consensus_api as ca
-from consensus_api import MembershipChanged, OperationTimeoutError, ValueChanged, registry
+from consensus_api import MembershipChanged, OperationTimeoutError
 from consensus_api.backend import WouldBlock
 from consensus_api.config import Options, Security, parse_url
-from consensus_backends.sql import store
+from consensus_backends.sql import storage as sql_storage
 from consensus_backends.sql.changes import AFTER_CHANGE_POLL, IDLE_GROWTH, DataVersion, Pace
-from consensus_backends.sql.engine import create, is_retryable, sqlite_write_lock_holder, stall_limit
+from consensus_backends.sql.client import create, stall_limit
+from consensus_backends.sql.errors import is_retryable, sqlite_write_lock_holder
+from consensus_backends.sql.layout import Tables
 from consensus_backends.sql.rereads import ChangeReader
-from consensus_backends.sql.schema import Tables
 from consensus_backends.sql.watchdog import Watchdog
-from consensus_testkit import ServerHandle, start_server
 from consensus_testkit.conformance.helpers import EventLog, wait_until
 from consensus_testkit.conformance.worker import WorkerProcess
 
@@ -263,137 +260,6 @@ def test_sqlite_session_opens_on_a_new_file_whose_write_lock_another_process_hol
         other.close()
 
 
-@pytest.fixture
-def mariadb_target(mariadb_server: ServerHandle) -> str:
-    """A MariaDB URL whose table prefix no other test uses."""
-    return f"{mariadb_server.url}?table_prefix=m{uuid.uuid4().hex[:8]}_"
-
-
-def test_mariadb_ends_a_transaction_whose_client_stalls(mariadb_target: str) -> None:
-    """Each connection reads committed data and is bounded as the module docstring of ``mysql`` says;
-    a transaction left idle past the stall limit (whole seconds) is ended by the server, its connection
-    closed, and the backend's next call on the engine goes on."""
-    settings = Options(session_timeout=3.0, request_timeout=6.0)
-    url, query = parse_url(mariadb_target)
-    table = f"{query['table_prefix']}stall"
-    engine = create(url, settings)
-    try:
-        with engine.connect() as conn:
-            conn.exec_driver_sql(f"CREATE TABLE {table} (id INT PRIMARY KEY)")  # commits
-            row = conn.exec_driver_sql(
-                "SELECT @@tx_isolation, @@idle_transaction_timeout, @@innodb_lock_wait_timeout,"
-                " @@max_statement_time"
-            ).one()
-            assert tuple(row) == ("READ-COMMITTED", 1, 2, 6.0)
-            conn.exec_driver_sql(f"INSERT INTO {table} VALUES (1)")  # a transaction is open from here
-            time.sleep(stall_limit(settings) + 1.0)
-            with pytest.raises(sqlalchemy.exc.DBAPIError) as ended:
-                conn.exec_driver_sql("SELECT 1")
-        assert ended.value.connection_invalidated
-        with engine.connect() as conn:
-            assert conn.exec_driver_sql(f"SELECT COUNT(*) FROM {table}").scalar() == 0  # rolled back
-    finally:
-        engine.dispose()
-
-
-def test_mariadb_names_are_exact_bytes(mariadb_target: str) -> None:
-    """Keys and member ids differing only in case or trailing spaces are distinct (no collation folds
-    them); a walk below a non-ASCII namespace finds exactly its keys; a 1 MiB value round-trips."""
-    with ca.connect(mariadb_target) as session:
-        for key in ("ns/K", "ns/k", "ns/k ", "nß/x", "nß/y/z", "nß0", "nßx/y"):
-            session.storage.put(key, key.encode())
-        assert session.storage.keys("ns") == {"ns/K", "ns/k", "ns/k "}
-        assert [key for key, _ in session.storage.walk("nß")] == ["nß/x", "nß/y/z"]
-        group = session.group("g")
-        group.join("A", b"")
-        group.join("a", b"")
-        assert set(group.members()) == {"A", "a"}
-        big = bytes(range(256)) * 4096
-        session.storage.put("big", big)
-        assert session.storage.fetch("big") == ca.Versioned(big, 1)
-
-
-def test_mariadb_change_committed_after_a_later_one_reaches_listeners(mariadb_target: str) -> None:
-    """InnoDB commits revisions out of order: a change whose transaction stays open while a later
-    revision commits is still told to listeners when it commits (the feed waits on the hole)."""
-    with ca.connect(mariadb_target) as session:
-        session.storage.put("early", b"v1")
-        early: EventLog[ValueChanged] = EventLog("early")
-        late: EventLog[ValueChanged] = EventLog("late")
-        session.listeners.add_value_listener("early", early)
-        session.listeners.add_value_listener("late", late)
-        early.wait_count(1)
-        late.wait_count(1)
-        with _uncommitted_update_of_early(mariadb_target):
-            session.storage.put("late", b"after")  # a later revision, committed first
-            late.wait_count(2)
-            time.sleep(0.5)  # the hole is older than HOLE_SETTLE: the feed asks, finds it open
-        assert early.wait_count(2)[1] == ValueChanged("early", b"v2", 2)
-
-
-@contextlib.contextmanager
-def _uncommitted_update_of_early(target: str) -> Iterator[Connection]:
-    """A transaction of its own that updates key ``early`` to ``b"v2"`` and logs the change, as the
-    backend does, and stays open (its revision taken) until the block ends or it is committed."""
-    url, query = parse_url(target)
-    prefix = query["table_prefix"]
-    engine = create(url, Options())
-    try:
-        with engine.connect() as slow, slow.begin():
-            slow.exec_driver_sql(
-                f"UPDATE {prefix}kv SET value = %s, version = version + 1 WHERE `key` = %s",
-                (b"v2", b"early"),
-            )
-            slow.exec_driver_sql(f"INSERT INTO {prefix}changes (kind, name) VALUES ('value', 'early')")
-            yield slow
-    finally:
-        engine.dispose()
-
-
-def test_mysql_schemes_are_registered_and_bad_urls_refused_before_io() -> None:
-    """Every MySQL/MariaDB scheme SQLAlchemy names is ours; a URL without a database or with two hosts
-    is a ConfigurationError before any connection."""
-    assert {"mysql", "mysql+pymysql", "mariadb", "mariadb+pymysql"} <= registry.schemes()
-    for url in ("mariadb://u:p@127.0.0.1:1/", "mysql+pymysql://u:p@127.0.0.1:1,127.0.0.1:2/db"):
-        with pytest.raises(ca.ConfigurationError, match="one host and a database"):
-            create(parse_url(url)[0], Options())
-
-
-def test_mariadb_launcher_keeps_its_password_off_command_lines(tmp_path: Path) -> None:
-    """The test server runs with grant tables and a password user: the password is in the URL and a
-    0600 init file only, not in the server's command line nor the handle's repr; a commit survives a
-    SIGKILL and restart."""
-    with start_server("mariadb", tmp_path) as server:
-        url = parse_url(server.url)[0]
-        assert url.password
-        assert url.password not in Path(f"/proc/{server.pid}/cmdline").read_text(errors="replace")
-        assert url.password not in repr(server)
-        assert (server.directory / "init.sql").stat().st_mode & 0o777 == 0o600
-        with pytest.raises(ca.BackendUnavailableError):
-            ca.connect(server.url.replace(url.password, "wrong"), connect_timeout=1).close()
-        with ca.connect(server.url) as session:
-            version = session.storage.put("kept", b"v")
-        server.kill()
-        server.restart()
-        with ca.connect(server.url) as session:
-            assert session.storage.fetch("kept") == ca.Versioned(b"v", version)
-
-
-def test_mariadb_change_in_flight_when_a_session_opens_reaches_its_listeners(mariadb_target: str) -> None:
-    """A revision taken before a session opened, below a later committed one, whose transaction
-    commits after the session's feed started, is still told to the session's listeners."""
-    with ca.connect(mariadb_target) as writer:
-        writer.storage.put("early", b"v1")
-        with _uncommitted_update_of_early(mariadb_target) as slow:
-            writer.storage.put("later", b"x")  # a later revision, committed first
-            with ca.connect(mariadb_target) as session:
-                early: EventLog[ValueChanged] = EventLog("early")
-                session.listeners.add_value_listener("early", early)
-                assert early.wait_count(1)[0] == ValueChanged("early", b"v1", 1)
-                slow.commit()
-                assert early.wait_count(2)[1] == ValueChanged("early", b"v2", 2)
-
-
 @pytest.mark.parametrize("value", [1e300, 0, 1e-9, "nan", float("inf"), 61])
 def test_poll_interval_out_of_range_is_refused(tmp_path: Path, value: object) -> None:
     """poll_interval outside 1 ms to 60 s (1e300 silenced every listener) is a ConfigurationError."""
@@ -493,7 +359,7 @@ def test_postgresql_change_reader_replaces_a_connection_the_server_ended(postgre
     try:
         with engine.begin() as conn:
             tables.create(conn)
-            store.put(conn, tables, "a/k", b"v")
+            sql_storage.put(conn, tables, "a/k", b"v")
         assert reader.fetch("a/k") == ca.Versioned(b"v", 1)
         with engine.connect() as admin:
             ended = admin.execute(

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl
 import pytest
 
 import consensus_api as ca
-from consensus_backends.sql.engine import APPLICATION_NAME
+from consensus_backends.sql.client import APPLICATION_NAME
 from consensus_testkit import ServerHandle, start_server
 from consensus_testkit.certificates import Impostor
 

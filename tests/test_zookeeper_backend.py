@@ -15,7 +15,7 @@ from zookeeper_support import Connect, server_zxid
 
 import consensus_api as ca
 from consensus_api import Versioned
-from consensus_backends.zookeeper.paths import _needs_escape, decode_name, encode_name
+from consensus_backends.zookeeper.layout import _needs_escape, decode_name, encode_name
 from consensus_testkit import ServerHandle
 
 MIB = 1024 * 1024

@@ -13,8 +13,8 @@ from typing import Any
 from zookeeper_support import backend_of
 
 import consensus_api as ca
+from consensus_backends.zookeeper.layout import decode_name
 from consensus_backends.zookeeper.membership import ROSTER_INLINE, parse_roster_name, roster_name
-from consensus_backends.zookeeper.paths import decode_name
 from consensus_testkit import ServerHandle
 from consensus_testkit.conformance.helpers import EventLog
 

@@ -12,8 +12,10 @@ async def main() -> None:
 
 asyncio.run(main())
 
-Built on the threaded core (one implementation of the contract): blocking
-calls run on a bounded thread pool per session, events come from the
+Built on the threaded core (one implementation of the contract): every aio
+recipe is the twin of a synchronous one and is built from it (``_twin``), so
+each public synchronous method has its aio twin, awaited where it may block.
+Blocking calls run on a bounded thread pool per session, events come from the
 session's dispatcher thread through ``loop.call_soon_threadsafe``.
 """
 
@@ -27,6 +29,8 @@ from consensus_api.aio.coordination import (
     AsyncResourceListener,
     MaybeAwaitable,
 )
+from consensus_api.aio.lock import AsyncLock
+from consensus_api.aio.resources import AsyncResourceHandler
 from consensus_api.aio.session import (
     DEFAULT_WORKERS,
     AsyncListeners,
@@ -44,6 +48,8 @@ __all__ = [
     "AsyncGroup",
     "AsyncIncrementalCoordinator",
     "AsyncListeners",
+    "AsyncLock",
+    "AsyncResourceHandler",
     "AsyncResourceListener",
     "AsyncSession",
     "AsyncStorage",

@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar, cast
 
@@ -31,6 +32,8 @@ T = TypeVar("T")
 E = TypeVar("E")
 
 Callback = Callable[[E], None]
+#: Gives back what a call whose awaiting task was cancelled returned (``Bridge.run``'s ``undo``).
+Undo = Callable[[Any], object]
 
 #: The context the loop runs a finished call's completion in: it only settles a future (the
 #: awaiting task resumes in its own context), so no context is copied per call.
@@ -63,7 +66,7 @@ class Bridge:
         self.loop = loop
         self._workers = check_workers(workers)
         self._tickets: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        self._unclaimed: dict[int, tuple[Callable[[], Any], asyncio.Future[Any]]] = {}
+        self._unclaimed: dict[int, tuple[Callable[[], Any], asyncio.Future[Any], Undo | None]] = {}
         self._numbers = itertools.count()
         self._threads = 0
         self._in_flight = 0  # calls queued or running: read and written on the loop thread only
@@ -98,7 +101,9 @@ class Bridge:
         """The loop ran a callback: whatever held it has let go."""
         self._held_since = None
 
-    async def run(self, call: Callable[[], T], *, write: str | None = None) -> T:
+    async def run(
+        self, call: Callable[[], T], *, write: str | None = None, undo: Callable[[T], object] | None = None
+    ) -> T:
         """Await ``call()`` run on a worker thread.
 
         Cancelling the awaiting task before the call started means it never runs.
@@ -106,30 +111,52 @@ class Bridge:
         (within the session's ``request_timeout``), so the core's state is never
         half-updated. A ``write`` (its description) cancelled while running
         raises ``CancelledError`` saying its effect is unknown, like ``OperationTimeoutError``.
+        ``undo``: what a call cancelled while running returns (nobody receives it) is handed to
+        ``undo`` on a worker (a lock's lease is released), unless the session closed meanwhile.
         After ``shutdown``: ``SessionLostError`` (the session is closed).
         """
         if self._closed:
             raise SessionLostError("the session is closed; open a new one with consensus_api.aio.connect()")
         outcome: asyncio.Future[T] = self.loop.create_future()
-        ticket = next(self._numbers)
-        self._unclaimed[ticket] = (call, outcome)
-        if self._in_flight >= self._threads < self._workers:
-            self._threads += 1
-            threading.Thread(target=self._serve, name=f"consensus-aio-{self._threads}", daemon=True).start()
-        self._in_flight += 1
-        self._tickets.put(ticket)
+        ticket = self._submit(call, outcome, undo)
         try:
             return await outcome
         except asyncio.CancelledError as cancelled:
             if self._unclaimed.pop(ticket, None) is not None:  # not started: no worker will run it
                 self._in_flight -= 1
                 raise
+            if (
+                undo is not None
+                and outcome.done()
+                and not outcome.cancelled()
+                and outcome.exception() is None
+            ):
+                self._give_back(undo, outcome.result())  # it returned, but the task was cancelled first
             if write is None:
                 raise
             raise asyncio.CancelledError(
                 f"{write} was cancelled while in flight: its effect is unknown "
                 "(it completes or fails by itself within request_timeout)"
             ) from cancelled
+
+    def _submit(self, call: Callable[[], T], outcome: asyncio.Future[T], undo: Undo | None) -> int:
+        """Queue ``call`` for the first free worker (starting one if all are busy); its ticket."""
+        ticket = next(self._numbers)
+        self._unclaimed[ticket] = (call, outcome, undo)
+        if self._in_flight >= self._threads < self._workers:
+            self._threads += 1
+            threading.Thread(target=self._serve, name=f"consensus-aio-{self._threads}", daemon=True).start()
+        self._in_flight += 1
+        self._tickets.put(ticket)
+        return ticket
+
+    def _give_back(self, undo: Undo, result: object) -> None:
+        """Run ``undo(result)`` on a worker, awaited by nobody (a failure is logged). Loop thread."""
+        if self._closed:
+            return  # the closed session released everything
+        outcome: asyncio.Future[object] = self.loop.create_future()
+        outcome.add_done_callback(_log_give_back)
+        self._submit(partial(undo, result), outcome, None)
 
     def shutdown(self) -> None:
         """Let the running calls finish in the background; start no new ones (queued ones fail
@@ -157,21 +184,31 @@ class Bridge:
             claimed = self._unclaimed.pop(ticket, None)
             if claimed is None:
                 continue  # cancelled before it started
-            call, outcome = claimed
+            call, outcome, undo = claimed
             del claimed
             try:
                 result = call()
             except BaseException as exc:
-                self.call_on_loop(self._finished, outcome, None, exc)
+                self.call_on_loop(self._finished, outcome, None, exc, None)
                 del exc
             else:
-                self.call_on_loop(self._finished, outcome, result, None)
+                self.call_on_loop(self._finished, outcome, result, None, undo)
                 del result
-            del call, outcome
+            del call, outcome, undo
 
-    def _finished(self, outcome: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
+    def _finished(
+        self, outcome: asyncio.Future[T], result: T | None, error: BaseException | None, undo: Undo | None
+    ) -> None:
         self._in_flight -= 1
+        if undo is not None and error is None and outcome.done():  # its awaiting task was cancelled
+            self._give_back(undo, result)
         _settle(outcome, result, error)
+
+
+def _log_give_back(outcome: asyncio.Future[object]) -> None:
+    error = None if outcome.cancelled() else outcome.exception()
+    if error is not None and not isinstance(error, SessionLostError):
+        log.warning("giving back what a cancelled call returned failed: %r", error)
 
 
 def _settle(outcome: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
@@ -184,6 +221,10 @@ def _settle(outcome: asyncio.Future[T], result: T | None, error: BaseException |
         outcome.set_exception(error)
     else:
         outcome.set_result(cast(T, result))
+
+
+def _never(_event: object) -> bool:
+    return False
 
 
 class EventStream(Generic[E]):
@@ -204,14 +245,14 @@ class EventStream(Generic[E]):
         subscribe: Callable[[Callback[E]], None],
         unsubscribe: Callable[[Callback[E]], None],
         *,
-        sticky: Callable[[E], bool] = lambda _: False,
+        sticky: Callable[[E], bool] | None = None,
         current: Callable[[], E] | None = None,
         on_finish: Callable[[EventStream[E]], None] = lambda _: None,
     ) -> None:
         self._bridge = bridge
         self._subscribe = subscribe
         self._unsubscribe = unsubscribe
-        self._sticky = sticky
+        self._sticky = sticky or _never
         self._current = current
         self._on_finish = on_finish
         self._lock = threading.Lock()

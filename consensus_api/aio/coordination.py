@@ -1,29 +1,28 @@
-"""Groups, elections and coordinators of an asyncio session."""
+"""Groups, elections and coordinators of an asyncio session: twins of the synchronous ones."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+from types import TracebackType
+from typing import Any, Protocol, Self, TypeAlias, TypeVar
 
-from consensus_api.aio._bridge import Bridge, EventStream
+from consensus_api.aio._bridge import EventStream
+from consensus_api.aio._twin import SessionTwin, awaited, immediate
 from consensus_api.coordinator import (
     Coordinator,
     CoordinatorHandler,
-    Generation,
     IncrementalCoordinator,
-    ResourceListener,
 )
+from consensus_api.coordinator.member import GroupMember
 from consensus_api.election import LeaderElection
+from consensus_api.errors import ConsensusError
 from consensus_api.membership import GroupMembership
-from consensus_api.model import LeaderChanged, Leadership, MembershipChanged
-
-if TYPE_CHECKING:
-    from consensus_api.aio.session import AsyncSession
+from consensus_api.model import LeaderChanged, MembershipChanged
 
 T = TypeVar("T")
+M = TypeVar("M", bound=GroupMember)
 
 #: A callback's result: the value itself (plain ``def``) or an awaitable of it (``async def``).
 MaybeAwaitable: TypeAlias = T | Awaitable[T]
@@ -73,132 +72,133 @@ class AsyncResourceListener(Protocol):
         ...
 
 
-class AsyncGroup:
-    """``GroupMembership`` as awaitables; ``watch()`` streams its membership."""
+class AsyncGroup(SessionTwin[GroupMembership]):
+    """``GroupMembership`` as awaitables; ``watch()`` streams its membership. A join cancelled in
+    flight is tracked like any other if it succeeds (released on ``leave``, close or loss)."""
 
-    def __init__(self, group: GroupMembership, session: AsyncSession) -> None:
-        self._group = group
-        self._session = session
-        self._run = session._bridge.run
-        self.name = group.name
+    @property
+    def name(self) -> str:
+        """The group's name."""
+        return self._sync.name
 
-    async def join(self, member_id: str, data: bytes = b"") -> None:
-        """Join as ``member_id``; a join cancelled in flight is tracked like any other if it
-        succeeds (released on ``leave``, close or loss)."""
-        await self._run(partial(self._group.join, member_id, data), write="join")
-
-    async def leave(self, member_id: str) -> None:
-        """Leave; ``NotAMemberError`` if this session has no member ``member_id``."""
-        await self._run(partial(self._group.leave, member_id), write="leave")
-
-    async def members(self) -> frozenset[str]:
-        """The ids of the live members."""
-        return await self._run(self._group.members)
-
-    async def membership(self) -> dict[str, bytes]:
-        """The live members and their data."""
-        return await self._run(self._group.membership)
+    join = awaited(GroupMembership.join, write="join")
+    leave = awaited(GroupMembership.leave, write="leave")
+    members = awaited(GroupMembership.members)
+    membership = awaited(GroupMembership.membership)
 
     def watch(self) -> EventStream[MembershipChanged]:
         """The membership now, then after every change (coalesced for a slow consumer)."""
-        return self._session._stream(self._group.add_listener, self._group.remove_listener)
+        return self._loop.stream(self._sync.add_listener, self._sync.remove_listener)
 
 
-class AsyncElection:
+class AsyncElection(SessionTwin[LeaderElection]):
     """``LeaderElection`` as awaitables; ``watch()`` streams its leader."""
 
-    def __init__(self, election: LeaderElection, session: AsyncSession) -> None:
-        self._election = election
-        self._session = session
-        self._run = session._bridge.run
-        self.service = election.service
+    @property
+    def service(self) -> str:
+        """The service this election is for."""
+        return self._sync.service
 
-    async def nominate(self, candidate_id: str) -> bool:
-        """Become a candidate; True if ``candidate_id`` leads now."""
-        return await self._run(partial(self._election.nominate, candidate_id), write="nominate")
-
-    async def resign(self, leader_id: str) -> None:
-        """Give up leadership or candidacy."""
-        await self._run(partial(self._election.resign, leader_id), write="resign")
-
-    async def leader(self) -> str | None:
-        """The current leader's id, or None."""
-        return await self._run(self._election.leader)
-
-    async def leadership(self) -> Leadership | None:
-        """The current leader and its term, or None."""
-        return await self._run(self._election.leadership)
+    nominate = awaited(LeaderElection.nominate, write="nominate")
+    resign = awaited(LeaderElection.resign, write="resign")
+    leader = awaited(LeaderElection.leader)
+    leadership = awaited(LeaderElection.leadership)
 
     def watch(self) -> EventStream[LeaderChanged]:
         """The leader now, then after every change; ``LeaderChanged(service, None, None)`` (nobody
         leads, or this session's leadership was lost) is never coalesced away."""
-        return self._session._stream(
-            self._election.add_listener,
-            self._election.remove_listener,
-            sticky=lambda event: event.leader_id is None,
+        return self._loop.stream(
+            self._sync.add_listener, self._sync.remove_listener, sticky=lambda event: event.leader_id is None
         )
 
 
-class AsyncCoordinator:
-    """A ``Coordinator`` for asyncio code. ``generation``, ``generation_if_stable``, ``member_id``
-    and ``request_rejoin`` only read or signal: they never block and are not awaited."""
+class _AsyncMember(SessionTwin[M]):
+    """What the twins of both coordinators share: the group, ``close`` and ``async with``."""
 
-    def __init__(self, coordinator: Coordinator, bridge: Bridge) -> None:
-        self._coordinator = coordinator
-        self._bridge = bridge
-        self.group = coordinator.group
-        self.generation = coordinator.generation
-        self.generation_if_stable = coordinator.generation_if_stable
-        self.member_id = coordinator.member_id
-        self.request_rejoin = coordinator.request_rejoin
+    @property
+    def group(self) -> str:
+        """The group's name."""
+        return self._sync.group
 
-    async def ensure_active_group(self, timeout: float | None = None) -> Generation:
-        """Join if needed and wait for a stable generation, like ``Coordinator.ensure_active_group``."""
-        return await self._bridge.run(partial(self._coordinator.ensure_active_group, timeout))
+    @property
+    def rebalance_timeout(self) -> float:
+        """Seconds a member may take to rejoin during a rebalance."""
+        return self._sync.rebalance_timeout
 
-    async def close(self, timeout: float | None = None) -> None:
-        """Leave the group (``on_leave_prepare`` first). Idempotent."""
-        await self._bridge.run(partial(self._coordinator.close, timeout))
+    close = awaited(GroupMember.close)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
 
 
-class AsyncIncrementalCoordinator:
-    """An ``IncrementalCoordinator`` for asyncio code; ``member_id``, ``epoch`` and ``assignment``
-    only read: they never block and are not awaited."""
+class AsyncCoordinator(_AsyncMember[Coordinator]):
+    """A ``Coordinator`` for asyncio code. ``generation``, ``generation_if_stable``, ``member_id``,
+    ``request_rejoin`` and ``update_metadata`` only read or signal: they never block and are not
+    awaited."""
 
-    def __init__(self, coordinator: IncrementalCoordinator, bridge: Bridge) -> None:
-        self._coordinator = coordinator
-        self._bridge = bridge
-        self.group = coordinator.group
-        self.member_id = coordinator.member_id
-        self.epoch = coordinator.epoch
-        self.assignment = coordinator.assignment
+    @property
+    def protocol_type(self) -> str:
+        """The group's protocol type."""
+        return self._sync.protocol_type
 
-    async def ensure_active_group(self, timeout: float | None = None) -> int:
-        """Join if needed and wait until the assignment is reconciled; returns the epoch."""
-        return await self._bridge.run(partial(self._coordinator.ensure_active_group, timeout))
+    @property
+    def group_instance_id(self) -> str | None:
+        """This member's static identity (KIP-345), or None."""
+        return self._sync.group_instance_id
 
-    async def close(self, timeout: float | None = None) -> None:
-        """Revoke everything held and leave. Idempotent."""
-        await self._bridge.run(partial(self._coordinator.close, timeout))
+    ensure_active_group = awaited(Coordinator.ensure_active_group)
+    generation = immediate(Coordinator.generation)
+    generation_if_stable = immediate(Coordinator.generation_if_stable)
+    member_id = immediate(Coordinator.member_id)
+    request_rejoin = immediate(Coordinator.request_rejoin)
+    update_metadata = immediate(Coordinator.update_metadata)
+
+
+class AsyncIncrementalCoordinator(_AsyncMember[IncrementalCoordinator]):
+    """An ``IncrementalCoordinator`` for asyncio code; ``member_id``, ``epoch``, ``assignment`` and
+    ``update_resources`` only read or signal: they never block and are not awaited."""
+
+    @property
+    def resources(self) -> frozenset[str]:
+        """The resources this member subscribes to."""
+        return self._sync.resources
+
+    ensure_active_group = awaited(IncrementalCoordinator.ensure_active_group)
+    member_id = immediate(IncrementalCoordinator.member_id)
+    epoch = immediate(IncrementalCoordinator.epoch)
+    assignment = immediate(IncrementalCoordinator.assignment)
+    update_resources = immediate(IncrementalCoordinator.update_resources)
 
 
 class _OnLoop:
-    """Callbacks of a coordinator thread run on the event loop, sync or ``async def``; the thread
+    """Callbacks of a coordinator thread run on an event loop, sync or ``async def``; the thread
     waits for each at most ``timeout`` seconds (then the core logs it, as for a callback that raises)."""
 
-    def __init__(self, target: object, bridge: Bridge, timeout: float) -> None:
+    def __init__(self, target: object, loop: asyncio.AbstractEventLoop | None, timeout: float) -> None:
         self._target = target
-        self._bridge = bridge
+        self._event_loop = loop
         self._timeout = timeout
 
+    def bind(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        """Run the callbacks on ``loop`` from now on, each awaited at most ``timeout`` seconds."""
+        self._event_loop, self._timeout = loop, timeout
+
     def call(self, name: str, *args: Any) -> Any:
+        loop = self._event_loop
+        if loop is None:
+            raise ConsensusError(f"{name} was called before its handler joined a group")
         callback: Callable[..., Any] = getattr(self._target, name)
 
         async def invoke() -> Any:
             result = callback(*args)
             return await result if inspect.isawaitable(result) else result
 
-        future = asyncio.run_coroutine_threadsafe(invoke(), self._bridge.loop)
+        future = asyncio.run_coroutine_threadsafe(invoke(), loop)
         try:
             return future.result(self._timeout)
         except TimeoutError:
@@ -227,7 +227,9 @@ class _LoopHandler(_OnLoop):
         self.call("on_leave_prepare")
 
 
-class _LoopListener(_OnLoop):
+class LoopListener(_OnLoop):
+    """A ``ResourceListener`` whose callbacks run on the loop it is bound to (``on_loop_listener``)."""
+
     def on_assigned(self, resources: frozenset[str]) -> None:
         self.call("on_assigned", resources)
 
@@ -235,11 +237,16 @@ class _LoopListener(_OnLoop):
         self.call("on_revoked", resources)
 
 
-def on_loop_handler(handler: AsyncCoordinatorHandler, bridge: Bridge, timeout: float) -> CoordinatorHandler:
-    """``handler`` (checked by the caller) with every callback run on the loop."""
-    return _LoopHandler(handler, bridge, timeout)
+def on_loop_handler(
+    handler: AsyncCoordinatorHandler, loop: asyncio.AbstractEventLoop, timeout: float
+) -> CoordinatorHandler:
+    """``handler`` (checked by the caller) with every callback run on ``loop``."""
+    return _LoopHandler(handler, loop, timeout)
 
 
-def on_loop_listener(listener: AsyncResourceListener, bridge: Bridge, timeout: float) -> ResourceListener:
-    """``listener`` (checked by the caller) with both callbacks run on the loop."""
-    return _LoopListener(listener, bridge, timeout)
+def on_loop_listener(
+    listener: AsyncResourceListener, loop: asyncio.AbstractEventLoop | None, timeout: float
+) -> LoopListener:
+    """``listener`` (checked by the caller) with both callbacks run on ``loop`` (None: the one it is
+    bound to later, ``LoopListener.bind``)."""
+    return LoopListener(listener, loop, timeout)

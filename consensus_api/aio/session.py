@@ -1,4 +1,5 @@
-"""The asyncio session: the synchronous core's contract as awaitables and async iterators."""
+"""The asyncio session: the synchronous core's contract as awaitables and async iterators (the
+twins of ``Session``, ``Storage`` and ``ListenerRegistry``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Self, TypeVar
 
 from consensus_api import session as sync
 from consensus_api.aio._bridge import Bridge, EventStream, check_workers
+from consensus_api.aio._twin import SessionLoop, SessionTwin, awaited
 from consensus_api.aio.coordination import (
     AsyncCoordinator,
     AsyncCoordinatorHandler,
@@ -22,15 +24,18 @@ from consensus_api.aio.coordination import (
     on_loop_handler,
     on_loop_listener,
 )
+from consensus_api.aio.lock import AsyncLock
 from consensus_api.assignors import Assignor
-from consensus_api.config import BackendURL
+from consensus_api.config import BackendURL, Options
 from consensus_api.coordinator.core import HANDLER_METHODS
 from consensus_api.coordinator.handler import check_resource_listener, require_callbacks
 from consensus_api.coordinator.member import DEFAULT_REBALANCE_TIMEOUT
 from consensus_api.errors import ConfigurationError
 from consensus_api.keys import check_key, check_namespace
 from consensus_api.listeners import ListenerRegistry
+from consensus_api.lock import Lease
 from consensus_api.model import KeySetChanged, Leadership, SessionState, ValueChanged, Versioned
+from consensus_api.storage import Storage
 
 T = TypeVar("T")
 
@@ -103,7 +108,7 @@ class Connecting:
         inline = Inline(
             inline_reads and opened.storage.can_read_nowait, inline_writes and opened.storage.can_write_nowait
         )
-        return AsyncSession(opened, bridge, inline)
+        return AsyncSession(opened, SessionLoop(bridge, lambda: opened.state is SessionState.CLOSED), inline)
 
     def __await__(self) -> Generator[Any, None, AsyncSession]:
         return self._open().__await__()
@@ -119,53 +124,60 @@ class Connecting:
             await self._opened.close()
 
 
-class AsyncSession:
+class AsyncSession(SessionTwin[sync.Session]):
     """A :class:`consensus_api.Session` for asyncio code: every call that may block is awaited
     (it runs on the session's thread pool), events are async iterators. Same guarantees as the
     synchronous session; ``async with`` closes it on exit."""
 
-    def __init__(self, session: sync.Session, bridge: Bridge, inline: Inline) -> None:
-        self._session = session
-        self._bridge = bridge
-        self._streams: set[EventStream[Any]] = set()
-        self.storage = AsyncStorage(session, bridge, inline)
-        self.listeners = AsyncListeners(session.listeners, self._stream)
+    def __init__(self, session: sync.Session, loop: SessionLoop, inline: Inline) -> None:
+        super().__init__(session, loop)
+        self.storage = AsyncStorage(session.storage, loop, inline)
+        self.listeners = AsyncListeners(session.listeners, loop)
 
     @property
     def url(self) -> BackendURL:
         """The session's URL (``redacted()`` for display)."""
-        return self._session.url
+        return self._sync.url
+
+    @property
+    def settings(self) -> Options:
+        """The session's options."""
+        return self._sync.settings
 
     @property
     def backend(self) -> str:
         """The backend's name."""
-        return self._session.backend
+        return self._sync.backend
 
     @property
     def state(self) -> SessionState:
         """The session's current state."""
-        return self._session.state
+        return self._sync.state
 
-    async def server_version(self) -> str | None:
-        """The version the server reports, or None where the backend cannot tell."""
-        return await self._bridge.run(self._session.server_version)
+    server_version = awaited(sync.Session.server_version)
+    describe_group = awaited(sync.Session.describe_group)
 
     def group(self, name: str) -> AsyncGroup:
         """The group ``name``."""
-        return AsyncGroup(self._session.group(name), self)
+        return AsyncGroup(self._sync.group(name), self._loop)
 
     def election(self, service: str) -> AsyncElection:
         """The election for ``service``."""
-        return AsyncElection(self._session.election(service), self)
+        return AsyncElection(self._sync.election(service), self._loop)
+
+    def lock(self, name: str, *, shared: bool = False) -> AsyncLock:
+        """The fenced lock ``name``, like ``Session.lock``; ``shared``: a reader lock."""
+        return AsyncLock(self._sync.lock(name, shared=shared), self._loop)
 
     def states(self) -> EventStream[SessionState]:
         """The session's states: the current one first, then every change (a loss is never
         coalesced away); ends after CLOSED."""
-        return self._stream(
-            self._session.add_state_listener,
-            self._session.remove_state_listener,
+        session = self._sync
+        return self._loop.stream(
+            session.add_state_listener,
+            session.remove_state_listener,
             sticky=lambda state: state is SessionState.LOST,
-            current=lambda: self._session.state,
+            current=lambda: session.state,
         )
 
     async def coordinator(
@@ -175,17 +187,22 @@ class AsyncSession:
         handler: AsyncCoordinatorHandler,
         *,
         rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> AsyncCoordinator:
         """A member of ``group`` in the rebalance protocol, like ``Session.coordinator``; the
         handler's callbacks may be ``async def`` and run on this loop (each bounded by the
         rebalance timeout)."""
         require_callbacks(handler, HANDLER_METHODS, "handler", "CoordinatorHandler")
         limit = rebalance_timeout or DEFAULT_REBALANCE_TIMEOUT
-        adapted = on_loop_handler(handler, self._bridge, limit)
         create = partial(
-            self._session.coordinator, group, protocol_type, adapted, rebalance_timeout=rebalance_timeout
+            self._sync.coordinator,
+            group,
+            protocol_type,
+            on_loop_handler(handler, self._loop.bridge.loop, limit),
+            rebalance_timeout=rebalance_timeout,
+            group_instance_id=group_instance_id,
         )
-        return AsyncCoordinator(await self._bridge.run(create), self._bridge)
+        return AsyncCoordinator(await self._loop.bridge.run(create), self._loop)
 
     async def incremental_coordinator(
         self,
@@ -195,40 +212,31 @@ class AsyncSession:
         *,
         assignor: str | Assignor = "sticky",
         rebalance_timeout: float | None = None,
+        group_instance_id: str | None = None,
     ) -> AsyncIncrementalCoordinator:
         """Like ``Session.incremental_coordinator``; the listener's callbacks may be ``async def``
         and run on this loop."""
         check_resource_listener(listener)
         limit = rebalance_timeout or DEFAULT_REBALANCE_TIMEOUT
         create = partial(
-            self._session.incremental_coordinator,
+            self._sync.incremental_coordinator,
             group,
             list(resources),
-            on_loop_listener(listener, self._bridge, limit),
+            on_loop_listener(listener, self._loop.bridge.loop, limit),
             assignor=assignor,
             rebalance_timeout=rebalance_timeout,
+            group_instance_id=group_instance_id,
         )
-        return AsyncIncrementalCoordinator(await self._bridge.run(create), self._bridge)
+        return AsyncIncrementalCoordinator(await self._loop.bridge.run(create), self._loop)
 
     async def close(self) -> None:
         """Close like ``Session.close``; every event stream stops after its held events. Idempotent."""
+        bridge = self._loop.bridge
         try:
-            await self._bridge.run(self._session.close)
+            await bridge.run(self._sync.close)
         finally:
-            for stream in list(self._streams):
-                stream.finish()
-            self._bridge.shutdown()
-
-    def _stream(self, subscribe: Any, unsubscribe: Any, **behaviour: Any) -> EventStream[Any]:
-        """A new event stream of this session, ended when the session closes (at once if it is)."""
-        created: EventStream[Any] = EventStream(
-            self._bridge, subscribe, unsubscribe, on_finish=self._streams.discard, **behaviour
-        )
-        if self._session.state is SessionState.CLOSED:
-            created.finish()
-        else:
-            self._streams.add(created)
-        return created
+            self._loop.end_streams()
+            bridge.shutdown()
 
     async def __aenter__(self) -> Self:
         return self
@@ -239,59 +247,62 @@ class AsyncSession:
         await self.close()
 
     def __repr__(self) -> str:
-        return f"<AsyncSession {self._session.url.redacted()} {self.state.name}>"
+        return f"<AsyncSession {self.url.redacted()} {self.state.name}>"
 
 
-class AsyncStorage:
+class AsyncStorage(SessionTwin[Storage]):
     """``Storage`` as awaitables: same arguments, checks, results and errors. Calls the session's
     ``Inline`` names run on the loop itself where the backend answers them without waiting
     (SQLite), else on a worker."""
 
-    def __init__(self, session: sync.Session, bridge: Bridge, inline: Inline) -> None:
-        self._storage = session.storage
-        self._bridge = bridge
+    def __init__(self, storage: Storage, loop: SessionLoop, inline: Inline) -> None:
+        super().__init__(storage, loop)
         self._inline = inline
 
     async def fetch(self, key: str) -> Versioned | None:
         """The value and version of ``key``, or None."""
-        storage = self._storage
+        storage, bridge = self._sync, self._loop.bridge
         if not self._inline.reads:
-            return await self._bridge.run(partial(storage.fetch, key))
-        return await self._bridge.run_nowait(partial(storage.fetch_nowait, key), partial(storage.fetch, key))
+            return await bridge.run(partial(storage.fetch, key))
+        return await bridge.run_nowait(partial(storage.fetch_nowait, key), partial(storage.fetch, key))
 
-    async def put(self, key: str, value: bytes, *, fence: Leadership | None = None) -> int:
+    async def put(self, key: str, value: bytes, *, fence: Leadership | Lease | None = None) -> int:
         """Create ``key``; returns the new version."""
-        return await self._write("put", self._storage.put, self._storage.put_nowait, key, value, fence=fence)
+        storage = self._sync
+        return await self._write("put", storage.put, storage.put_nowait, key, value, fence=fence)
 
     async def update(
-        self, key: str, value: bytes, *, version: int | None = None, fence: Leadership | None = None
+        self, key: str, value: bytes, *, version: int | None = None, fence: Leadership | Lease | None = None
     ) -> int:
         """Replace the value of ``key``, if at ``version`` when given; returns the new version."""
-        storage = self._storage
+        storage = self._sync
         return await self._write(
             "update", storage.update, storage.update_nowait, key, value, version=version, fence=fence
         )
 
-    async def delete(self, key: str, *, version: int | None = None, fence: Leadership | None = None) -> None:
+    async def delete(
+        self, key: str, *, version: int | None = None, fence: Leadership | Lease | None = None
+    ) -> None:
         """Remove ``key``, if at ``version`` when given."""
-        storage = self._storage
+        storage = self._sync
         await self._write("delete", storage.delete, storage.delete_nowait, key, version=version, fence=fence)
 
     async def _write(
         self, what: str, call: Callable[..., T], nowait: Callable[..., T], *args: Any, **kwargs: Any
     ) -> T:
+        bridge = self._loop.bridge
         if not self._inline.writes:
-            return await self._bridge.run(partial(call, *args, **kwargs), write=what)
-        return await self._bridge.run_nowait(
+            return await bridge.run(partial(call, *args, **kwargs), write=what)
+        return await bridge.run_nowait(
             partial(nowait, *args, **kwargs), partial(call, *args, **kwargs), write=what
         )
 
     async def keys(self, namespace: str = "") -> frozenset[str]:
         """The keys one level below ``namespace``."""
-        storage = self._storage
+        storage, bridge = self._sync, self._loop.bridge
         if not self._inline.reads:
-            return await self._bridge.run(partial(storage.keys, namespace))
-        return await self._bridge.run_nowait(
+            return await bridge.run(partial(storage.keys, namespace))
+        return await bridge.run_nowait(
             partial(storage.keys_nowait, namespace), partial(storage.keys, namespace)
         )
 
@@ -301,32 +312,29 @@ class AsyncStorage:
         return self._walk(check_namespace(namespace))
 
     async def _walk(self, namespace: str) -> AsyncIterator[tuple[str, Versioned]]:
-        pages = await self._bridge.run(partial(self._storage.walk, namespace))
-        while batch := await self._bridge.run(lambda: list(itertools.islice(pages, WALK_BATCH))):
+        bridge = self._loop.bridge
+        pages = await bridge.run(partial(self._sync.walk, namespace))
+        while batch := await bridge.run(lambda: list(itertools.islice(pages, WALK_BATCH))):
             for item in batch:
                 yield item
 
 
-class AsyncListeners:
+class AsyncListeners(SessionTwin[ListenerRegistry]):
     """Value and key-set events as async iterators (``async for event in ...watch(key)``)."""
-
-    def __init__(self, listeners: ListenerRegistry, stream: Callable[..., EventStream[Any]]) -> None:
-        self._listeners = listeners
-        self._stream = stream
 
     def watch(self, key: str) -> EventStream[ValueChanged]:
         """The value of ``key`` now, then after every change (coalesced for a slow consumer)."""
         key = check_key(key)
-        listeners = self._listeners
-        return self._stream(
+        listeners = self._sync
+        return self._loop.stream(
             partial(listeners.add_value_listener, key), partial(listeners.remove_value_listener, key)
         )
 
     def watch_keys(self, namespace: str) -> EventStream[KeySetChanged]:
         """The keys one level below ``namespace`` now, then after every change."""
         namespace = check_namespace(namespace)
-        listeners = self._listeners
-        return self._stream(
+        listeners = self._sync
+        return self._loop.stream(
             partial(listeners.add_keyset_listener, namespace),
             partial(listeners.remove_keyset_listener, namespace),
         )

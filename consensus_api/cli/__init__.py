@@ -1,5 +1,5 @@
-"""The ``consensus`` command: storage, listeners, membership, elections, ping, migrate, demo; and the
-commands other products install (``consensus_api.commands``: conformance, servers, chaos, check, bench).
+"""The ``consensus`` command: storage, listeners, membership, elections, locks, ping, migrate, demo; and
+the commands other products install (``consensus_api.commands``: conformance, servers, chaos, check, bench).
 
 Exit codes: 0 ok, 1 a contract failure, 2 a usage or configuration error
 (see ``consensus_api.cli._common``).
@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import click
 
-from consensus_api.cli._common import ConsensusGroup
+from consensus_api.cli._common import ConsensusGroup, root_url_option
 from consensus_api.cli.demo import demo
+from consensus_api.cli.elect import elect
 from consensus_api.cli.group import group
 from consensus_api.cli.info import leader, members
 from consensus_api.cli.kv import kv
+from consensus_api.cli.lock import lock
 from consensus_api.cli.migrate import migrate
 from consensus_api.cli.ping import ping
 from consensus_api.cli.watch import watch
@@ -23,12 +25,14 @@ __all__ = ["cli", "main"]
 
 @click.group(cls=ConsensusGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="consensus-api", prog_name="consensus")
+@root_url_option
 def cli() -> None:
     """One API for coordination over ZooKeeper, etcd, Kafka and SQL.
 
-    Every command takes --url (default: $CONSENSUS_URL, then consensus.toml,
-    then sqlite:///consensus.db). Exit status: 0 ok, 1 contract failure,
-    2 usage or configuration error.
+    The commands that take --url take it before or after the command name
+    (default: $CONSENSUS_URL, then consensus.toml, then sqlite:///consensus.db).
+    Exit status: 0 ok, 1 contract failure, 2 usage or configuration error (lock
+    and elect: see their --help).
     """
 
 
@@ -37,6 +41,8 @@ for _command in (
     watch,
     members,
     leader,
+    lock,
+    elect,
     group,
     ping,
     demo,

@@ -35,7 +35,7 @@ from consensus_api.errors import (
     ValueTooLargeError,
 )
 from consensus_api.model import Event, KeySetChanged, LeaderChanged, MembershipChanged, ValueChanged
-from consensus_api.registry import load_entry
+from consensus_api.registry import load_backend, load_entry
 from consensus_api.session import Session, connect
 
 EXIT_OK = 0
@@ -137,14 +137,46 @@ class ConsensusGroup(click.Group):
             ctx.exit(exit_code_for(exc))
 
 
+#: Where the root group keeps a ``--url`` given before the sub-command (``click.Context.meta`` is
+#: shared by every context of one invocation).
+_ROOT_URL = "consensus_api.cli.url"
+
+URL_HELP = (
+    "Backend URL, e.g. etcd://127.0.0.1:2379/app. Default: $CONSENSUS_URL, "
+    "then consensus.toml (or $CONSENSUS_CONFIG), then sqlite:///consensus.db."
+)
+
+
+def _keep_root_url(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.meta[_ROOT_URL] = value
+
+
+def root_url_option(func: F) -> F:
+    """``--url`` before the sub-command (``consensus --url URL kv get K``): every command that takes
+    ``--url`` or a URL argument uses it unless given its own."""
+    return click.option(
+        "--url", metavar="URL", default=None, expose_value=False, callback=_keep_root_url, help=URL_HELP
+    )(func)
+
+
+def given_url(url: str | None) -> str | None:
+    """``url``, else the ``--url`` given before the sub-command, else None (the default resolution)."""
+    if url is not None:
+        return url
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(_ROOT_URL)
+
+
 def url_option(func: F) -> F:
-    """The ``--url`` option every command takes; default: the docs/spec.md section 2 resolution."""
+    """The ``--url`` option every command takes (after the sub-command; the root group's otherwise);
+    default: resolved as ``connect()`` resolves it (<https://consensus-api.github.io/consensus-api/spec/#2-connecting>)."""
     return click.option(
         "--url",
         metavar="URL",
         default=None,
-        help="Backend URL, e.g. etcd://127.0.0.1:2379/app. Default: $CONSENSUS_URL, "
-        "then consensus.toml (or $CONSENSUS_CONFIG), then sqlite:///consensus.db.",
+        callback=lambda _ctx, _param, value: given_url(value),
+        help=URL_HELP,
     )(func)
 
 
@@ -180,8 +212,8 @@ def expand_url(url: str | None) -> str | None:
 def resolved_url(url: str | None) -> str:
     """One URL string that means what ``connect(url)`` means, for handing to another process.
 
-    Without ``url`` this follows the docs/spec.md section 2 order; options from a
-    config file become query parameters (the URL's own query wins).
+    Without ``url`` this follows the order of <https://consensus-api.github.io/consensus-api/spec/#2-connecting>;
+    options from a config file become query parameters (the URL's own query wins).
     """
     raw, file_options = config.resolve(expand_url(url))
     if not file_options:
@@ -199,9 +231,33 @@ def _option_text(value: object) -> str:
     return str(value)
 
 
-def open_session(url: str | None, **options: Any) -> Session:
-    """``consensus_api.connect`` with ``url`` (environment references expanded)."""
-    return connect(expand_url(url), **options)
+def open_session(url: str | None, *, read_only: bool = False, **options: Any) -> Session:
+    """``consensus_api.connect`` with ``url`` (environment references expanded).
+
+    ``read_only``: the command only looks, so a SQLite database file that does
+    not exist is a ``ConfigurationError`` (exit 2) instead of being created.
+    """
+    expanded = expand_url(url)
+    if read_only:
+        _require_existing_database(expanded)
+    return connect(expanded, **options)
+
+
+def _require_existing_database(url: str | None) -> None:
+    """``ConfigurationError`` when ``url`` (resolved as ``connect`` does) names a SQLite file that does
+    not exist; the URL's own errors (options, ranges) are raised first, as ``connect`` would."""
+    raw, file_options = config.resolve(url)
+    parsed, query = config.parse_url(raw)
+    path = parsed.path[1:]
+    if parsed.scheme != "sqlite" or not path or os.path.exists(path):
+        return
+    config.build_options(
+        {**file_options, **query}, load_backend(parsed.scheme).options, parsed.scheme, parsed
+    )
+    raise ConfigurationError(
+        f"no database at {path} ({parsed.redacted()}): a read-only command does not create one; "
+        "give --url, set $CONSENSUS_URL or write consensus.toml"
+    )
 
 
 def show_text(text: str, *, keep_lines: bool = False) -> str:
@@ -254,11 +310,12 @@ def read_value(text: str) -> bytes:
     return text.encode("utf-8")
 
 
-def describe(event: Event) -> str:
-    """One human-readable line for an event, safe for a terminal."""
+def describe(event: Event, *, was_present: bool = True) -> str:
+    """One human-readable line for an event, safe for a terminal; a key without a value is
+    ``deleted`` if it ``was_present`` before this event, else ``absent``."""
     if isinstance(event, ValueChanged):
         if event.value is None:
-            return f"{show_text(event.key)} deleted"
+            return f"{show_text(event.key)} {'deleted' if was_present else 'absent'}"
         value = json_text(event.value.decode("utf-8", "backslashreplace"))
         return f"{show_text(event.key)} version={event.version} value={value}"
     if isinstance(event, KeySetChanged):

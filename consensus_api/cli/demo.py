@@ -1,31 +1,24 @@
 """``consensus demo``: workers elect a leader, the leader is killed, another takes over with a higher term.
 
-The workers are ``python -m consensus_api.cli.demo_worker NAME`` processes (URL in ``$CONSENSUS_URL``)
-(session_timeout=2); this process follows them only through the listeners of
-its own observer session. Without a terminal it prints plain lines instead of
-a live table, so it runs in CI.
+The workers are ``python -m consensus_api.cli.demo_worker NAME`` processes (session_timeout=2),
+children of the harness (:mod:`consensus_api.children`: URL in ``$CONSENSUS_URL``, ended by closing
+their stdin); this process follows them only through the listeners of its own observer session.
+Without a terminal it prints plain lines instead of a live table, so it runs in CI.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import IO
 
 import click
 from rich.live import Live
 from rich.text import Text
 
+from consensus_api.children import Child, close_all
 from consensus_api.cli._common import (
     EXIT_FAILURE,
     err_console,
@@ -35,23 +28,14 @@ from consensus_api.cli._common import (
 )
 from consensus_api.cli._demo_view import DemoState
 from consensus_api.cli.demo_worker import CONFIG_KEY, GROUP, SERVICE
-from consensus_api.config import ENV_URL
 from consensus_api.model import Event
 from consensus_api.observability import serve_prometheus
 from consensus_api.session import connect
 
 LINGER = 1.0  # seconds to keep showing the state once the new leader has written the config
 STOP_GRACE = 5.0
-
-
-@dataclass
-class WorkerProcess:
-    """A worker process and its log file."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    log: IO[bytes]
+#: How long a worker may outlive the demo's ``--duration`` (its lifetime is the sum).
+WORKER_MARGIN = 30.0
 
 
 @click.command("demo")
@@ -94,7 +78,7 @@ def demo(url: str | None, workers: int, kill_after: float, duration: float, metr
         observer.election(SERVICE).add_listener(events.put)
         observer.group(GROUP).add_listener(events.put)
         observer.listeners.add_value_listener(CONFIG_KEY, events.put)
-        with _workers(full_url, workers) as processes:
+        with _workers(full_url, workers, duration + WORKER_MARGIN) as processes:
             state = DemoState(started=time.monotonic())
             try:
                 _follow(state, events, processes, kill_after, duration)
@@ -112,7 +96,7 @@ def demo(url: str | None, workers: int, kill_after: float, duration: float, metr
 def _follow(
     state: DemoState,
     events: queue.Queue[Event],
-    processes: dict[str, WorkerProcess],
+    processes: dict[str, Child],
     kill_after: float,
     duration: float,
 ) -> None:
@@ -165,24 +149,24 @@ def _drain(events: queue.Queue[Event], state: DemoState, timeout: float) -> None
 
 
 def _kill_leader(
-    state: DemoState, processes: dict[str, WorkerProcess], now: float, note: Callable[..., None]
+    state: DemoState, processes: dict[str, Child], now: float, note: Callable[..., None]
 ) -> None:
     leader = state.leader
     if leader is None or leader.leader not in processes:
         return  # nobody (of ours) leads yet: try again on the next round
     worker = processes[leader.leader]
-    if worker.process.poll() is not None:
+    if worker.returncode is not None:
         return
-    os.kill(worker.process.pid, signal.SIGKILL)
+    worker.kill()
     state.killed, state.killed_at = leader, now
-    note(f"SIGKILL leader {leader} (pid {worker.process.pid})", "bold red")
+    note(f"SIGKILL leader {leader} (pid {worker.pid})", "bold red")
 
 
 def _note_exits(
-    state: DemoState, processes: dict[str, WorkerProcess], exited: set[str], note: Callable[..., None]
+    state: DemoState, processes: dict[str, Child], exited: set[str], note: Callable[..., None]
 ) -> None:
     for name, worker in processes.items():
-        code = worker.process.poll()
+        code = worker.returncode
         if code is None or name in exited:
             continue
         exited.add(name)
@@ -190,7 +174,7 @@ def _note_exits(
             note(f"worker {name} exited unexpectedly with status {code}", "red")
 
 
-def _report_failure(state: DemoState, processes: dict[str, WorkerProcess], duration: float) -> None:
+def _report_failure(state: DemoState, processes: dict[str, Child], duration: float) -> None:
     console = err_console()
     if state.killed is None:
         reason = f"no worker became leader within {duration:g} s"
@@ -198,58 +182,21 @@ def _report_failure(state: DemoState, processes: dict[str, WorkerProcess], durat
         reason = f"no other worker took over from {state.killed} with a higher term within {duration:g} s"
     console.print(Text(f"error: {reason}", style="red"))
     for worker in processes.values():
-        worker.log.flush()
         console.print(Text(f"--- {worker.name} log ---", style="dim"))
-        console.print(Text(_tail(worker.log_path)), soft_wrap=True)
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"<no log: {exc}>"
+        console.print(Text("\n".join(worker.stderr_tail().splitlines()[-20:])), soft_wrap=True)
 
 
 @contextlib.contextmanager
-def _workers(url: str, count: int) -> Iterator[dict[str, WorkerProcess]]:
-    """Start ``count`` workers (in their own sessions, so Ctrl-C reaches only us); stop them all after."""
-    log_dir = Path(tempfile.mkdtemp(prefix="consensus-demo-"))
-    processes: dict[str, WorkerProcess] = {}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", ENV_URL: url}  # never on the command line: ps shows it
+def _workers(url: str, count: int, lifetime: float) -> Iterator[dict[str, Child]]:
+    """Start ``count`` workers (in sessions of their own, so Ctrl-C reaches only us); stop them all
+    after: stdin closed, ``STOP_GRACE`` seconds, then SIGKILL."""
+    processes: dict[str, Child] = {}
     try:
         for number in range(1, count + 1):
             name = f"w{number}"
-            log_path = log_dir / f"{name}.log"
-            log = log_path.open("wb")
-            try:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "consensus_api.cli.demo_worker", name],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
-            except BaseException:
-                log.close()
-                raise
-            processes[name] = WorkerProcess(name, process, log_path, log)
+            processes[name] = Child(
+                "consensus_api.cli.demo_worker", [name], lifetime=lifetime, url=url, name=name
+            )
         yield processes
     finally:
-        _stop_all(list(processes.values()))
-        shutil.rmtree(log_dir, ignore_errors=True)
-
-
-def _stop_all(workers: list[WorkerProcess]) -> None:
-    """SIGTERM every worker, SIGKILL those still running after the grace period; by PID."""
-    for worker in workers:
-        if worker.process.poll() is None:
-            worker.process.terminate()
-    deadline = time.monotonic() + STOP_GRACE
-    for worker in workers:
-        try:
-            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            worker.process.kill()
-            worker.process.wait()
-        worker.log.close()
+        close_all(processes.values(), STOP_GRACE)

@@ -1,19 +1,20 @@
-"""One worker of ``consensus demo``: ``CONSENSUS_URL=URL python -m consensus_api.cli.demo_worker NAME``.
+"""One worker of ``consensus demo``: ``CONSENSUS_URL=URL python -m consensus_api.cli.demo_worker NAME
+--lifetime S``, a child of the harness (:mod:`consensus_api.children`).
 
 It joins the group ``demo/workers``, stands for election in ``demo/scheduler``
 and, while it leads, writes ``demo/config`` fenced by its leadership every
-half second. It exits on SIGTERM/SIGINT or when its parent process is gone.
+half second. It stops, closing its session, when its stdin closes (the demo
+ends, or its process is gone); its watchdog ends it once its lifetime is over.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
-import signal
 import sys
 import threading
 from collections.abc import Callable
-from types import FrameType
 
 from consensus_api import (
     ConsensusError,
@@ -26,6 +27,7 @@ from consensus_api import (
     Storage,
     connect,
 )
+from consensus_api.children import Parent
 from consensus_api.config import ENV_URL
 
 GROUP = "demo/workers"
@@ -48,9 +50,9 @@ def config_value(name: str, term: int, count: int) -> bytes:
 class Worker:
     """A demo worker's state: whether it leads, and with which term."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, stop: threading.Event) -> None:
         self.name = name
-        self.stop = threading.Event()
+        self.stop = stop
         self._lock = threading.Lock()
         self._leadership: Leadership | None = None
 
@@ -94,16 +96,9 @@ def write_config(storage: Storage, value: bytes, fence: Leadership) -> None:
             storage.put(CONFIG_KEY, value, fence=fence)
 
 
-def run(url: str, name: str) -> int:
-    """Work until told to stop; 0 on a clean stop."""
-    worker = Worker(name)
-    parent = os.getppid()
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        worker.stop.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+def run(url: str, name: str, parent: Parent) -> int:
+    """Work until ``parent`` says stop; 0 on a clean stop."""
+    worker = Worker(name, parent.stop)
     with connect(url, session_timeout=SESSION_TIMEOUT) as session:
         election = session.election(SERVICE)
         election.add_listener(worker.on_leader)
@@ -113,7 +108,7 @@ def run(url: str, name: str) -> int:
             return 0
         print(f"{name}: joined {GROUP} and nominated for {SERVICE}", file=sys.stderr, flush=True)
         writes = 0
-        while not worker.stop.wait(WRITE_INTERVAL) and os.getppid() == parent:
+        while not worker.stop.wait(WRITE_INTERVAL):
             leadership = worker.leadership()
             if leadership is None:
                 continue
@@ -129,16 +124,19 @@ def run(url: str, name: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``NAME``; the URL comes in ``$CONSENSUS_URL`` (``ps`` shows command lines)."""
-    args = sys.argv[1:] if argv is None else argv
+    """Entry point: ``NAME --lifetime S``; the URL comes in ``$CONSENSUS_URL`` (``ps`` shows command
+    lines)."""
+    parser = argparse.ArgumentParser(prog="python -m consensus_api.cli.demo_worker")
+    parser.add_argument("name")
+    parser.add_argument("--lifetime", type=float, required=True)
+    args = parser.parse_args(argv)
     url = os.environ.get(ENV_URL)
-    if len(args) != 1 or not url:
-        print(f"usage: {ENV_URL}=URL python -m consensus_api.cli.demo_worker NAME", file=sys.stderr)
-        return 2
+    if not url:
+        parser.error(f"the URL goes in ${ENV_URL}")
     try:
-        return run(url, args[0])
+        return run(url, args.name, Parent(args.lifetime))
     except ConsensusError as exc:
-        print(f"{args[0]}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        print(f"{args.name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 1
 
 

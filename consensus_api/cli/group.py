@@ -29,7 +29,7 @@ def group() -> None:
 def describe(name: str, as_json: bool, url: str | None) -> None:
     """Show group NAME: mode (eager, cooperative, classic, incremental or empty), state, generation
     or group epoch, protocol, and each member with its instance id, epoch and assignment."""
-    with open_session(url) as session:
+    with open_session(url, read_only=True) as session:
         described = session.describe_group(name)
     if as_json:
         echo_json(described.as_json())

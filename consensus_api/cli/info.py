@@ -29,7 +29,7 @@ from consensus_api.cli._common import (
 @url_option
 def members(group: str, as_json: bool, url: str | None) -> None:
     """Show the live members of GROUP and their data (control characters escaped, e.g. \\x1b)."""
-    with open_session(url) as session:
+    with open_session(url, read_only=True) as session:
         membership = session.group(group).membership()
     if as_json:
         echo_json({"group": group, "members": member_list(membership)})
@@ -53,7 +53,7 @@ def members(group: str, as_json: bool, url: str | None) -> None:
 @url_option
 def leader(service: str, as_json: bool, url: str | None) -> None:
     """Show the leader of SERVICE and its term, or "no leader"."""
-    with open_session(url) as session:
+    with open_session(url, read_only=True) as session:
         leadership = session.election(service).leadership()
     if as_json:
         leader_id, term = (None, None) if leadership is None else (leadership.leader_id, leadership.term)

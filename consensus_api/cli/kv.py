@@ -1,4 +1,4 @@
-"""``consensus kv``: read and write the versioned key-value storage (docs/spec.md section 4)."""
+"""``consensus kv``: read and write the versioned key-value storage (<https://consensus-api.github.io/consensus-api/spec/#4-storage-kip-30-storage>)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from consensus_api.cli._common import (
     show_text,
     url_option,
 )
-from consensus_api.errors import KeyNotFoundError
+from consensus_api.errors import KeyExistsError, KeyNotFoundError
+from consensus_api.storage import Storage
+
+#: How often ``kv put`` tries to overwrite while other clients create and delete the key meanwhile.
+OVERWRITE_ATTEMPTS = 5
 
 VALUE_HELP = "VALUE is taken as UTF-8 text; '-' reads the value's bytes from stdin."
 JSON_HELP = (
@@ -24,7 +28,7 @@ JSON_HELP = (
 
 @click.group("kv")
 def kv() -> None:
-    """Read and write keys: get, put, update, delete, keys."""
+    """Read and write keys: get, put (overwrites, as etcdctl's), update, delete, keys."""
 
 
 @kv.command("get", epilog=JSON_HELP)
@@ -43,7 +47,7 @@ def get(key: str, show_version: bool, raw: bool, as_json: bool, url: str | None)
     """
     if raw and (as_json or show_version):
         raise click.UsageError("--raw cannot be combined with --json or --version")
-    with open_session(url) as session:
+    with open_session(url, read_only=True) as session:
         current = session.storage.fetch(key)
     if current is None:
         raise KeyNotFoundError(f"no such key: {key!r}")
@@ -61,13 +65,50 @@ def get(key: str, show_version: bool, raw: bool, as_json: bool, url: str | None)
 @kv.command("put", epilog=VALUE_HELP)
 @click.argument("key")
 @click.argument("value")
+@click.option("--create-only", is_flag=True, help="Only create KEY: exit 1 if it exists.")
+@click.option(
+    "--if-version",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Only replace KEY at version N: exit 1 if it is missing or at another version.",
+)
 @url_option
-def put(key: str, value: str, url: str | None) -> None:
-    """Create KEY with VALUE and print its version (exit 1 if KEY exists)."""
+def put(key: str, value: str, create_only: bool, if_version: int | None, url: str | None) -> None:
+    """Set KEY to VALUE, creating or overwriting it, and print the new version.
+
+    --create-only and --if-version make the write conditional (exit 1 when
+    the condition does not hold; nothing is written).
+    """
+    if create_only and if_version is not None:
+        raise click.UsageError("--create-only and --if-version cannot be combined")
     data = read_value(value)
     with open_session(url) as session:
-        version = session.storage.put(key, data)
+        storage = session.storage
+        if create_only:
+            version = storage.put(key, data)
+        elif if_version is not None:
+            version = storage.update(key, data, version=if_version)
+        else:
+            version = _overwrite(storage, key, data)
     click.echo(f"version: {version}")
+
+
+def _overwrite(storage: Storage, key: str, data: bytes) -> int:
+    """Replace ``key``, or create it if missing; a create or delete by another client in between is met
+    by trying again (at most ``OVERWRITE_ATTEMPTS`` times, then ``KeyExistsError``)."""
+    attempts_left = OVERWRITE_ATTEMPTS
+    while True:
+        try:
+            return storage.update(key, data)
+        except KeyNotFoundError:
+            pass
+        try:
+            return storage.put(key, data)
+        except KeyExistsError:
+            attempts_left -= 1
+            if attempts_left == 0:
+                raise
 
 
 @kv.command("update", epilog=VALUE_HELP)
@@ -105,7 +146,7 @@ def keys(namespace: str, recursive: bool, as_json: bool, url: str | None) -> Non
     With --recursive, every key at any depth below it, read page by page (not
     one atomic snapshot: keys written meanwhile may or may not be listed).
     """
-    with open_session(url) as session:
+    with open_session(url, read_only=True) as session:
         if recursive:
             found = sorted(key for key, _ in session.storage.walk(namespace))
         else:

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from consensus_api.cli._common import echo_json, open_session, show_text
+from consensus_api.cli._common import echo_json, given_url, open_session, show_text
 
 #: The key the linearizable read fetches; it need not exist.
 PING_KEY = "consensus-ping"
@@ -24,11 +24,12 @@ PING_KEY = "consensus-ping"
 def ping(url: str | None, as_json: bool) -> None:
     """Connect to URL, make one linearizable read and print the latencies and the server's version.
 
-    URL defaults to $CONSENSUS_URL, then consensus.toml, then sqlite:///consensus.db.
-    Exit status 2 when the backend is unreachable within connect_timeout.
+    URL defaults to --url before the command, then $CONSENSUS_URL, then consensus.toml,
+    then sqlite:///consensus.db (which ping never creates). Exit status 2 when the backend
+    is unreachable within connect_timeout.
     """
     began = time.monotonic()
-    with open_session(url) as session:
+    with open_session(given_url(url), read_only=True) as session:
         connected = time.monotonic()
         session.storage.fetch(PING_KEY)
         read = time.monotonic()

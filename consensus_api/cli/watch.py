@@ -1,4 +1,4 @@
-"""``consensus watch``: print the events of a key or a namespace (docs/spec.md section 5)."""
+"""``consensus watch``: print the events of a key or a namespace (<https://consensus-api.github.io/consensus-api/spec/#5-listenerregistry-kip-30-listenerregistry>)."""
 
 from __future__ import annotations
 
@@ -47,14 +47,17 @@ def watch(
 ) -> None:
     """Print every change of KEY (or of the keys below --namespace) as a line.
 
-    The first line is the current state. Runs until Ctrl-C, --count events or --timeout.
+    The first line is the current state ("KEY absent" for a key that does not
+    exist; "KEY deleted" once a key seen is gone). Runs until Ctrl-C, --count
+    events or --timeout. Never creates a SQLite database file.
     """
     if (key is None) == (namespace is None):
         raise click.UsageError("give either KEY or --namespace NS (not both)")
     events: queue.Queue[ValueChanged | KeySetChanged] = queue.Queue()
     deadline = None if timeout is None else time.monotonic() + timeout
     seen = 0
-    with open_session(url) as session:
+    present = False  # whether the last event showed the key with a value
+    with open_session(url, read_only=True) as session:
         if key is not None:
             session.listeners.add_value_listener(key, events.put)
         else:
@@ -68,8 +71,11 @@ def watch(
                     event = events.get(timeout=wait)
                 except queue.Empty:
                     continue
-                line = json_text(as_json(event)) if as_json_lines else describe(event)
-                click.echo(line)
+                if as_json_lines:
+                    click.echo(json_text(as_json(event)))
+                else:
+                    click.echo(describe(event, was_present=present))
+                present = isinstance(event, ValueChanged) and event.value is not None
                 seen += 1
         except KeyboardInterrupt:
             pass

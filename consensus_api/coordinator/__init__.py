@@ -1,4 +1,6 @@
-"""The Coordinator (docs/spec.md section 8): Kafka's rebalance protocol, and incremental rebalancing.
+"""The Coordinator: Kafka's rebalance protocol, and incremental rebalancing.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>
 
 * :class:`Coordinator` (``session.coordinator``): register with protocol
   metadata, one member is the leader and assigns, every member receives its
@@ -17,7 +19,7 @@ on the primitives; nothing outside this package imports it.
 """
 
 from consensus_api.coordinator.core import Coordinator
-from consensus_api.coordinator.describe import GroupDescription, MemberDescription
+from consensus_api.coordinator.description import GroupDescription, MemberDescription
 from consensus_api.coordinator.handler import (
     NO_GENERATION,
     CoordinatorHandler,

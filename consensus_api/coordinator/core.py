@@ -1,4 +1,6 @@
-"""The Coordinator (docs/spec.md section 8, KIP-795): one member of a group that rebalances.
+"""The Coordinator (KIP-795): one member of a group that rebalances.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>
 
 Register with protocol metadata, one member is chosen leader and assigns, every
 member receives its assignment: Kafka's rebalance protocol as an API. The
@@ -19,6 +21,9 @@ Guarantees:
   AbstractCoordinator retries it too); meanwhile the generation is not stable
   and the member takes no other step of the protocol.
 * ``on_leave_prepare`` runs once, on ``close``, if the member had registered.
+* A static member (``group_instance_id``) takes part only while it holds its instance
+  (:mod:`.instance`): a second start of the instance waits until the first one stopped everything
+  and left, or lost its session; the first one, superseded, is fenced.
 * No call blocks past its timeout.
 """
 
@@ -37,14 +42,17 @@ from consensus_api.coordinator.handler import (
     Generation,
     require_callbacks,
 )
+from consensus_api.coordinator.instance import InstanceSeat
 from consensus_api.coordinator.member import GroupMember
 from consensus_api.errors import (
     ConfigurationError,
     ConsensusError,
+    FencedError,
     InconsistentGroupProtocolError,
     InvalidTypeError,
 )
 from consensus_api.keys import check_segment
+from consensus_api.model import SessionState
 
 if TYPE_CHECKING:
     from consensus_api._session_port import SessionPort
@@ -61,6 +69,9 @@ HANDLER_METHODS = (
 FATAL = (InconsistentGroupProtocolError, ConfigurationError, InvalidTypeError)
 #: The first and the longest pause before calling a failed ``on_join_complete`` again.
 RETRY_FIRST, RETRY_MAX = 0.1, 2.0
+#: Seconds between two looks at a static member's seat while another start holds it (a change of the
+#: seat or the claim wakes the member sooner).
+SEAT_POLL = 1.0
 
 
 class Coordinator(GroupMember, EngineHost):
@@ -96,6 +107,7 @@ class Coordinator(GroupMember, EngineHost):
         if engine is None:  # the generic engine, on the session's storage, membership and election
             engine = GenericEngine(session, self.group, self.protocol_type, self, self.rebalance_timeout)
         self._engine: CoordinatorEngine = engine
+        self._seat = None if self._instance is None else InstanceSeat(session, self.group, self._instance, self.wake)
         session.add_state_listener(self._on_state)
 
     # The public interface
@@ -214,6 +226,10 @@ class Coordinator(GroupMember, EngineHost):
         try:
             for state in self._take_states():
                 self._engine.session_state(state)
+                if state is SessionState.LOST and self._seat is not None:
+                    self._seat.lost()
+            if not self._holds_instance():
+                return SEAT_POLL
             if self._completing is not None and not self._retry_completion():
                 return self._retry_delay
             if not self._registered:
@@ -235,9 +251,27 @@ class Coordinator(GroupMember, EngineHost):
         try:
             self._engine.close(deadline)
         finally:
+            if self._seat is not None:
+                self._seat.release()  # last: everything held was dropped and the group left
             with self._cond:
                 self._generation = None
                 self._cond.notify_all()
+
+    def _holds_instance(self) -> bool:
+        """True unless this is a static member waiting for its seat; a superseded one is fenced."""
+        seat = self._seat
+        if seat is None:
+            return True
+        if seat.superseded():
+            self.lost()
+            self.fail(
+                FencedError(
+                    f"FENCED_INSTANCE_ID: another member of group {self.group!r} started "
+                    f"with group_instance_id {self._instance!r}"
+                )
+            )
+            return False
+        return seat.take()
 
     def _stable(self) -> Generation | None:
         if (

@@ -1,5 +1,5 @@
-"""What a coordinated group looks like now (``session.describe_group``, ``consensus group describe``),
-as ``kafka-consumer-groups --describe`` shows a consumer group.
+"""Reading what a coordinated group looks like now (``session.describe_group``, ``consensus group
+describe``) into a :class:`~.description.GroupDescription`.
 
 A backend with its own engine describes its groups itself
 (``Backend.describe_coordinator_group``: Kafka asks the broker); otherwise,
@@ -9,10 +9,10 @@ generic engines' records. A read-only snapshot: it never joins the group.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from consensus_api.assignors import ASSIGNORS
+from consensus_api.coordinator.description import GroupDescription, MemberDescription
 from consensus_api.coordinator.generic.reconcile import STABLE as RECONCILED
 from consensus_api.coordinator.generic.reconcile import GroupState
 from consensus_api.coordinator.generic.records import (
@@ -28,54 +28,6 @@ from consensus_api.keys import check_key
 
 if TYPE_CHECKING:
     from consensus_api._session_port import SessionPort
-
-
-@dataclass(frozen=True, slots=True)
-class MemberDescription:
-    """One member: its id, static instance id, generation (or member epoch), and assignment:
-    ``resources`` for a resource group, else the raw bytes (``assignment``)."""
-
-    member_id: str
-    instance_id: str | None = None
-    epoch: int | None = None
-    resources: tuple[str, ...] | None = None
-    assignment: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class GroupDescription:
-    """A group: ``mode`` (eager, cooperative, classic for a handler of its own, incremental, or
-    empty), ``state``, ``generation`` (the generation id, or the incremental group epoch; None when
-    the backend does not tell), the chosen ``protocol``, the protocol type, and its members."""
-
-    group: str
-    mode: str
-    state: str
-    generation: int | None = None
-    protocol: str | None = None
-    protocol_type: str | None = None
-    members: tuple[MemberDescription, ...] = ()
-
-    def as_json(self) -> dict[str, Any]:
-        """A JSON-able dict (assignments that are not resource lists as hex)."""
-        return {
-            "group": self.group,
-            "mode": self.mode,
-            "state": self.state,
-            "generation": self.generation,
-            "protocol": self.protocol,
-            "protocol_type": self.protocol_type,
-            "members": [
-                {
-                    "member": m.member_id,
-                    "instance": m.instance_id,
-                    "epoch": m.epoch,
-                    "resources": None if m.resources is None else list(m.resources),
-                    "assignment": None if m.assignment is None else m.assignment.hex(),
-                }
-                for m in self.members
-            ],
-        }
 
 
 def classic_mode(protocol_type: str | None, protocol: str | None) -> str:

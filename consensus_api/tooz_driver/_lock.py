@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import tooz
 import tooz.locking
@@ -11,9 +11,8 @@ import tooz.locking
 from consensus_api.errors import KeyExistsError, KeyNotFoundError, VersionConflictError
 from consensus_api.keys import join_key
 from consensus_api.lock import Lease, Lock
-
-if TYPE_CHECKING:
-    from consensus_api.tooz_driver.driver import ConsensusDriver
+from consensus_api.session import Session
+from consensus_api.tooz_driver._plumbing import translated
 
 #: Where each tooz lock's epoch lives (a decimal counter; absent: 0). ``break_`` starts a new epoch.
 EPOCHS = "_tooz/lock-epochs"
@@ -29,9 +28,10 @@ class ConsensusLock(tooz.locking.Lock):
     within one epoch only.
     """
 
-    def __init__(self, driver: ConsensusDriver, name: bytes) -> None:
+    def __init__(self, session: Callable[[], Session], name: bytes) -> None:
+        """``session`` returns the driver's open session (``ToozConnectionError`` if there is none)."""
         super().__init__(name)
-        self._driver = driver
+        self._session = session
         self._encoded = name.hex()
         self._mutex = threading.Lock()
         self._held: list[tuple[Lock, int]] = []
@@ -49,9 +49,9 @@ class ConsensusLock(tooz.locking.Lock):
         a blocking wait."""
         if not isinstance(blocking, bool):
             blocking, timeout = True, blocking
-        with self._driver.translated():
+        with translated():
             epoch = self._epoch()
-            lock = self._driver.session().lock(f"_tooz/locks/{self._encoded}/{epoch}", shared=shared)
+            lock = self._session().lock(f"_tooz/locks/{self._encoded}/{epoch}", shared=shared)
             if lock.acquire(timeout=timeout, blocking=blocking) is None:
                 return False
         with self._mutex:
@@ -65,16 +65,16 @@ class ConsensusLock(tooz.locking.Lock):
             if not self._held:
                 return False
             lock, epoch = self._held.pop()
-        with self._driver.translated():
+        with translated():
             lost = not lock.held
             lock.release()
             return not lost and self._epoch() == epoch
 
     def break_(self) -> bool:
         """Start a new epoch: the lock is free at once for new acquirers."""
-        storage = self._driver.session().storage
+        storage = self._session().storage
         key = join_key(EPOCHS, self._encoded)
-        with self._driver.translated():
+        with translated():
             while True:
                 current = storage.fetch(key)
                 try:
@@ -87,5 +87,5 @@ class ConsensusLock(tooz.locking.Lock):
                 return True
 
     def _epoch(self) -> int:
-        current = self._driver.session().storage.fetch(join_key(EPOCHS, self._encoded))
+        current = self._session().storage.fetch(join_key(EPOCHS, self._encoded))
         return 0 if current is None else int(current.value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode
 
 import tooz
@@ -18,12 +18,18 @@ from consensus_api.errors import (
     SessionLostError,
 )
 
+if TYPE_CHECKING:
+    from consensus_api.session import Session
+
 T = TypeVar("T")
 
 SCHEME_PREFIX = "consensus+"
 #: tooz's own options in the URL's query; the others are this API's.
 TOOZ_OPTIONS = frozenset({"timeout"})
 DEFAULT_TIMEOUT = 30.0
+#: Where the tooz groups live: a key per group (its existence), a group and an election per group.
+GROUPS = "_tooz/groups"
+MEMBERS = "_tooz/members"
 
 
 def backend_url(parsed_url: Any) -> str:
@@ -38,6 +44,21 @@ def backend_url(parsed_url: Any) -> str:
 def as_bytes(value: bytes | str) -> bytes:
     """tooz ids are bytes; str ones are taken as UTF-8."""
     return value.encode() if isinstance(value, str) else value
+
+
+def group_key(group_id: bytes) -> str:
+    """The stored key whose existence is the tooz group's."""
+    return f"{GROUPS}/{group_id.hex()}"
+
+
+def group_name(group_id: bytes) -> str:
+    """The group (members) and election (leader) of a tooz group."""
+    return f"{MEMBERS}/{group_id.hex()}"
+
+
+def group_exists(session: Session, group_id: bytes) -> bool:
+    """True if the tooz group was created (and not deleted)."""
+    return session.storage.fetch(group_key(group_id)) is not None
 
 
 def now() -> str:

@@ -5,15 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from tooz import coordination
 
 from consensus_api.model import MembershipChanged, ValueChanged
 from consensus_api.session import Session
-
-if TYPE_CHECKING:
-    from consensus_api.tooz_driver.driver import ConsensusDriver
+from consensus_api.tooz_driver._plumbing import group_exists, group_key, group_name
 
 
 @dataclass
@@ -30,8 +27,7 @@ class _Watched:
 class GroupWatches:
     """Listeners on the members and the existence of every watched group. Thread-safe."""
 
-    def __init__(self, driver: ConsensusDriver, session: Session) -> None:
-        self._driver = driver
+    def __init__(self, session: Session) -> None:
         self._session = session
         self._mutex = threading.Lock()
         self._groups: dict[bytes, _Watched] = {}
@@ -40,11 +36,10 @@ class GroupWatches:
         """Start watching ``group_id`` from its members now; ``GroupNotCreated`` if it does not exist."""
         if group_id in self._groups:
             return
-        driver = self._driver
-        if not driver.group_exists(group_id):
+        if not group_exists(self._session, group_id):
             raise coordination.GroupNotCreated(group_id)
         now = frozenset(
-            bytes.fromhex(member) for member in self._session.group(driver.group_name(group_id)).members()
+            bytes.fromhex(member) for member in self._session.group(group_name(group_id)).members()
         )
         watched = _Watched(now, now)
 
@@ -59,16 +54,16 @@ class GroupWatches:
         watched.on_members, watched.on_key = on_members, on_key
         with self._mutex:
             self._groups[group_id] = watched
-        self._session.group(driver.group_name(group_id)).add_listener(on_members)
-        self._session.listeners.add_value_listener(driver.group_key(group_id), on_key)
+        self._session.group(group_name(group_id)).add_listener(on_members)
+        self._session.listeners.add_value_listener(group_key(group_id), on_key)
 
     def unwatch(self, group_id: bytes) -> None:
         """Stop watching ``group_id``."""
         with self._mutex:
             watched = self._groups.pop(group_id, None)
         if watched is not None:
-            self._session.group(self._driver.group_name(group_id)).remove_listener(watched.on_members)
-            self._session.listeners.remove_value_listener(self._driver.group_key(group_id), watched.on_key)
+            self._session.group(group_name(group_id)).remove_listener(watched.on_members)
+            self._session.listeners.remove_value_listener(group_key(group_id), watched.on_key)
 
     def changes(self) -> list[tuple[bytes, frozenset[bytes], frozenset[bytes]]]:
         """For each watched group, the members that joined and left since the last call (a group that

@@ -23,9 +23,13 @@ from consensus_api.session import Session, connect
 from consensus_api.tooz_driver._lock import ConsensusLock
 from consensus_api.tooz_driver._plumbing import (
     DEFAULT_TIMEOUT,
+    GROUPS,
     Result,
     as_bytes,
     backend_url,
+    group_exists,
+    group_key,
+    group_name,
     now,
     translated,
 )
@@ -34,7 +38,6 @@ from consensus_api.tooz_driver._watch import GroupWatches
 log = logging.getLogger("consensus_api.tooz")
 T = TypeVar("T")
 
-GROUPS = "_tooz/groups"
 OVERRIDES = "_tooz/overrides"
 Characteristics = coordination.Characteristics
 
@@ -73,13 +76,9 @@ class ConsensusDriver(coordination.CoordinationDriver):
             raise coordination.ToozConnectionError(f"the coordinator is {reason}")
         return session
 
-    def translated(self) -> contextlib.AbstractContextManager[None]:
-        """Raise this API's errors as tooz's."""
-        return translated()
-
     def _call(self, call: Callable[[], T]) -> Result[T]:
         try:
-            with self.translated():
+            with translated():
                 return Result(call(), None)
         except tooz.ToozError as exc:
             return Result(None, exc)
@@ -92,9 +91,9 @@ class ConsensusDriver(coordination.CoordinationDriver):
         self._expired = False
         self._last_beat = time.monotonic()
         self._stopping.clear()
-        self._watches = GroupWatches(self, self._session)
+        self._watches = GroupWatches(self._session)
         threading.Thread(target=self._watchdog, name="consensus-tooz-watchdog", daemon=True).start()
-        with self.translated():
+        with translated():
             for group_id in list(self._hooks_elected_leader):
                 self._stand(group_id)
             for group_id in {*self._hooks_join_group, *self._hooks_leave_group}:
@@ -128,34 +127,20 @@ class ConsensusDriver(coordination.CoordinationDriver):
 
     # Groups.
 
-    @staticmethod
-    def group_key(group_id: bytes) -> str:
-        """The stored key whose existence is the group's."""
-        return f"{GROUPS}/{group_id.hex()}"
-
-    @staticmethod
-    def group_name(group_id: bytes) -> str:
-        """The group (members) and election (leader) of a tooz group."""
-        return f"_tooz/members/{group_id.hex()}"
-
     def _override_key(self, group_id: bytes, member: bytes) -> str:
         return f"{OVERRIDES}/{group_id.hex()}/{member.hex()}"
 
-    def group_exists(self, group_id: bytes) -> bool:
-        """True if the tooz group was created (and not deleted)."""
-        return self.session().storage.fetch(self.group_key(group_id)) is not None
-
     def _members(self, group_id: bytes) -> dict[str, bytes]:
-        if not self.group_exists(group_id):
+        if not group_exists(self.session(), group_id):
             raise coordination.GroupNotCreated(group_id)
-        return self.session().group(self.group_name(group_id)).membership()
+        return self.session().group(group_name(group_id)).membership()
 
     def create_group(self, group_id: bytes) -> Result[None]:
         group_id = as_bytes(group_id)
 
         def create() -> None:
             try:
-                self.session().storage.put(self.group_key(group_id), b"")
+                self.session().storage.put(group_key(group_id), b"")
             except KeyExistsError:
                 raise coordination.GroupAlreadyExist(group_id) from None
 
@@ -171,14 +156,14 @@ class ConsensusDriver(coordination.CoordinationDriver):
         group_id = as_bytes(group_id)
 
         def join() -> None:
-            if not self.group_exists(group_id):
+            if not group_exists(self.session(), group_id):
                 raise coordination.GroupNotCreated(group_id)
             session = self.session()
             with contextlib.suppress(KeyNotFoundError):
                 session.storage.delete(self._override_key(group_id, self._member))
             data = utils.dumps({"capabilities": capabilities, "created_at": now()})
             try:
-                session.group(self.group_name(group_id)).join(self._member.hex(), data)
+                session.group(group_name(group_id)).join(self._member.hex(), data)
             except MemberExistsError:
                 raise coordination.MemberAlreadyExist(group_id, self._member) from None
             self._joined_groups.add(group_id)
@@ -192,7 +177,7 @@ class ConsensusDriver(coordination.CoordinationDriver):
     def _leave(self, group_id: bytes, *, boot_out: bool) -> None:
         session = self.session()
         try:
-            session.group(self.group_name(group_id)).leave(self._member.hex())
+            session.group(group_name(group_id)).leave(self._member.hex())
         except NotAMemberError:
             if self._member.hex() not in self._members(group_id):
                 raise coordination.MemberNotJoined(group_id, self._member) from None
@@ -205,7 +190,7 @@ class ConsensusDriver(coordination.CoordinationDriver):
     def _apply_boot_outs(self) -> None:
         if self._session is None or self._expired:
             return
-        with self.translated():
+        with translated():
             for group_id in list(self._joined_groups):
                 if self._override(group_id, self._member).get("boot_out"):
                     with contextlib.suppress(tooz.ToozError):
@@ -218,7 +203,7 @@ class ConsensusDriver(coordination.CoordinationDriver):
             if self._members(group_id):
                 raise coordination.GroupNotEmpty(group_id)
             try:
-                self.session().storage.delete(self.group_key(group_id))
+                self.session().storage.delete(group_key(group_id))
             except KeyNotFoundError:
                 raise coordination.GroupNotCreated(group_id) from None
 
@@ -302,7 +287,7 @@ class ConsensusDriver(coordination.CoordinationDriver):
         super().watch_leave_group(as_bytes(group_id), callback)
 
     def _watch(self, group_id: bytes) -> None:
-        with self.translated():
+        with translated():
             if self._watches is None:
                 raise coordination.ToozConnectionError("the coordinator is not started")
             self._watches.watch(group_id)
@@ -324,7 +309,7 @@ class ConsensusDriver(coordination.CoordinationDriver):
         first = group_id not in self._hooks_elected_leader
         super().watch_elected_as_leader(group_id, callback)
         if first:
-            with self.translated():
+            with translated():
                 self._stand(group_id)
 
     def unwatch_elected_as_leader(self, group_id: bytes, callback: Any) -> None:
@@ -332,18 +317,18 @@ class ConsensusDriver(coordination.CoordinationDriver):
         super().unwatch_elected_as_leader(group_id, callback)
         if group_id not in self._hooks_elected_leader:
             self._announced.pop(group_id, None)
-            with self.translated(), contextlib.suppress(NotAMemberError):
-                self.session().election(self.group_name(group_id)).resign(self._member.hex())
+            with translated(), contextlib.suppress(NotAMemberError):
+                self.session().election(group_name(group_id)).resign(self._member.hex())
 
     def _stand(self, group_id: bytes) -> None:
         with contextlib.suppress(MemberExistsError):  # another coordinator with this member id stands
-            self.session().election(self.group_name(group_id)).nominate(self._member.hex())
+            self.session().election(group_name(group_id)).nominate(self._member.hex())
 
     def stand_down_group_leader(self, group_id: bytes) -> bool:
         """Resign if this coordinator leads ``group_id``, and queue again as a candidate."""
         group_id = as_bytes(group_id)
-        with self.translated():
-            election = self.session().election(self.group_name(group_id))
+        with translated():
+            election = self.session().election(group_name(group_id))
             if election.leader() != self._member.hex():
                 return False
             election.resign(self._member.hex())
@@ -356,7 +341,7 @@ class ConsensusDriver(coordination.CoordinationDriver):
         group_id = as_bytes(group_id)
 
         def leader() -> bytes | None:
-            current = self.session().election(self.group_name(group_id)).leader()
+            current = self.session().election(group_name(group_id)).leader()
             return None if current is None else bytes.fromhex(current)
 
         return self._call(leader)
@@ -376,9 +361,9 @@ class ConsensusDriver(coordination.CoordinationDriver):
                 for member in left:
                     if (hooks := self._hooks_leave_group.get(group_id)) is not None:
                         results.extend(hooks.run(coordination.MemberLeftGroup(group_id, member)))
-        with self.translated():
+        with translated():
             for group_id, hooks in list(self._hooks_elected_leader.items()):
-                current = self.session().election(self.group_name(group_id)).leadership()
+                current = self.session().election(group_name(group_id)).leadership()
                 if current is None or current.leader_id != self._member.hex():
                     continue
                 if self._announced.get(group_id) != current.term:
@@ -387,4 +372,4 @@ class ConsensusDriver(coordination.CoordinationDriver):
         return results
 
     def get_lock(self, name: bytes) -> ConsensusLock:
-        return ConsensusLock(self, as_bytes(name))
+        return ConsensusLock(self.session, as_bytes(name))

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from consensus_api.errors import ConfigurationError
+from consensus_chaos.check import locks
 from consensus_chaos.check.external import check_files
 from consensus_chaos.check.local import history_files, run_backends, run_local
 from consensus_chaos.check.result import Outcome
+from consensus_chaos.check.spark import check_memory, run_spark, spark_session
 from consensus_chaos.check.wgl import Budget
 
 __all__ = ["Budget", "Outcome", "check_files", "check_history"]
@@ -36,21 +38,15 @@ def check_history(
     """Check the histories in ``directory``; ``session`` reuses a running SparkSession, else one is
     started with ``master`` and ``driver_memory``."""
     if engine == "spark":
-        from consensus_chaos.check.spark import check_memory  # noqa: PLC0415 - optional
-
         check_memory(driver_memory)
     paths = history_files(directory)
     if not paths:
         raise ConfigurationError(f"no history (*.parquet) in {directory}")
     budget = budget or Budget()
     began = time.monotonic()
-    from consensus_chaos.check import locks  # noqa: PLC0415 - needs pyarrow
-
     if engine == "local":
         tables = [run_local(directory, budget), locks.check_local(directory)]
     elif engine == "spark":
-        from consensus_chaos.check.spark import run_spark, spark_session  # noqa: PLC0415 - optional
-
         session = session or spark_session(master, driver_memory)
         tables = [run_spark(directory, budget, session), locks.check_spark(directory, session)]
     else:

@@ -19,6 +19,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from consensus_chaos.check import wgl
 from consensus_chaos.check.election import ELECTION, check_service
 from consensus_chaos.check.histogram import Histogram
@@ -49,8 +52,6 @@ LATENCY: Final = "latency"
 
 def output_schema() -> Any:
     """The Arrow schema of the output."""
-    import pyarrow as pa  # noqa: PLC0415 - an optional dependency, needed only here and in the engines
-
     types = {
         "string": pa.string(),
         "bigint": pa.int64(),
@@ -102,8 +103,6 @@ class _Output:
             )
 
     def table(self) -> Any:
-        import pyarrow as pa  # noqa: PLC0415
-
         for (run, check), t in self.totals.items():
             self.rows.append(
                 {
@@ -127,8 +126,6 @@ class _Output:
 
 def check_table(table: Any, budget: wgl.Budget) -> Any:
     """Check every object in ``table`` (a ``pyarrow.Table`` with ``INPUT_COLUMNS``)."""
-    import pyarrow.compute as pc  # noqa: PLC0415
-
     table = table.select(list(INPUT_COLUMNS))
     table = table.append_column(
         "completes", pc.not_equal(table.column("type"), "invoke")
@@ -149,8 +146,6 @@ def check_table(table: Any, budget: wgl.Budget) -> Any:
 
 def object_ends(table: Any) -> list[int]:
     """The end offsets of the runs of equal (run, okind, object) in a table sorted by them."""
-    import pyarrow.compute as pc  # noqa: PLC0415
-
     if table.num_rows == 0:
         return []
     ident = pc.binary_join_element_wise(

@@ -19,10 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import pyarrow as pa
+
 from consensus_api.errors import ConfigurationError
 from consensus_chaos.check import jepsen, models, wgl
 from consensus_chaos.check.ops import COLUMNS, INVALID, OP_ID, PASS, UNKNOWN, VIOLATION, Operation, bar
 from consensus_chaos.check.shrink import Item, search_items, shrink
+from consensus_chaos.check.spark import spark_session
 
 INPUT_COLUMNS: Final = {
     "file": "string",
@@ -45,8 +48,6 @@ _VERDICTS: Final = {wgl.OK: PASS, wgl.ILLEGAL: VIOLATION, wgl.UNKNOWN: UNKNOWN}
 
 
 def _arrow_schema(columns: dict[str, str]) -> Any:
-    import pyarrow as pa  # noqa: PLC0415 - an optional dependency
-
     types = {"string": pa.string(), "bigint": pa.int64(), "double": pa.float64()}
     return pa.schema([(name, types[kind]) for name, kind in columns.items()])
 
@@ -67,8 +68,6 @@ def _decode(text: str) -> models.Op:
 
 def to_table(files: dict[str, list[jepsen.ExternalOp]]) -> Any:
     """The operations of parsed files as one Arrow table (``INPUT_COLUMNS``)."""
-    import pyarrow as pa  # noqa: PLC0415
-
     rows = [
         {"file": name, "key": o.key, "process": o.process, "call": o.call, "ret": o.ret, "op": _encode(o.op)}
         for name, ops in files.items()
@@ -87,8 +86,6 @@ def _operation(process: int, call: int, ret: int | None) -> Operation:
 def check_objects(table: Any, model_name: str, budget: wgl.Budget, explain: bool) -> Any:
     """The per-bucket function: one output row per (file, key) of ``table``; with ``explain`` a violation's
     row carries its failing window, its key's timeline and the longest linearizable prefix."""
-    import pyarrow as pa  # noqa: PLC0415
-
     kind = models.MODELS[model_name]
     columns = [table.column(name).to_pylist() for name in INPUT_COLUMNS]
     objects: dict[tuple[str, str], list[Item]] = defaultdict(list)
@@ -122,6 +119,27 @@ def _explain(
         item["prefix"] = position.get(index)
         timeline.append(item)
     return {"message": message, "window": window, "timeline": timeline, "prefix": len(result.order)}
+
+
+def run_objects(
+    table: pa.Table, model_name: str, budget: wgl.Budget, explain: bool, session: Any
+) -> pa.Table:
+    """``check_objects`` on the Spark engine: the keys of ``table`` hashed into buckets, one call per
+    bucket on ``session``; returns its output rows."""
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415 - pyspark, the optional spark extra
+
+    objects = len(set(zip(table.column("file").to_pylist(), table.column("key").to_pylist(), strict=True)))
+    cores = session.sparkContext.defaultParallelism
+    buckets = max(1, min(objects, 4 * cores))
+    session.conf.set("spark.sql.shuffle.partitions", str(buckets))
+    frame = session.createDataFrame(table).withColumn(
+        "bucket", F.expr(f"pmod(xxhash64(file, key), {buckets})")
+    )
+
+    def check_bucket(bucket: pa.Table) -> pa.Table:  # the hints tell Spark this takes a whole group
+        return check_objects(bucket.drop_columns(["bucket"]), model_name, budget, explain)
+
+    return frame.groupBy("bucket").applyInArrow(check_bucket, schema=spark_ddl()).toArrow()
 
 
 @dataclass(slots=True)
@@ -200,18 +218,10 @@ def check_files(
     if engine == "local" or table.num_rows == 0:
         output = check_objects(table, model_name, budget, explain)
     else:
-        from consensus_chaos.check.spark import run_objects  # noqa: PLC0415 - optional
-
-        output = run_objects(table, model_name, budget, explain, session or _session(master))
+        output = run_objects(table, model_name, budget, explain, session or spark_session(master))
     for row in output.to_pylist():
         _merge(verdicts[row["file"]], row)
     return list(verdicts.values())
-
-
-def _session(master: str) -> Any:
-    from consensus_chaos.check.spark import spark_session  # noqa: PLC0415
-
-    return spark_session(master)
 
 
 def _merge(verdict: FileVerdict, row: dict[str, Any]) -> None:

@@ -10,6 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
 from consensus_chaos.check import wgl
 from consensus_chaos.check.bucket import (
     INPUT_COLUMNS,
@@ -18,7 +22,7 @@ from consensus_chaos.check.bucket import (
     object_ends,
     output_schema,
 )
-from consensus_chaos.record.schema import arrow_schema, require_pyarrow
+from consensus_chaos.record.schema import arrow_schema
 
 SLICE_ROWS = 200_000
 
@@ -30,8 +34,6 @@ def history_files(directory: Path) -> list[Path]:
 
 def run_backends(paths: Sequence[Path]) -> dict[str, str]:
     """The backend of each run in ``paths``, read from the files' two columns (cheap: dictionary-encoded)."""
-    import pyarrow.parquet as pq  # noqa: PLC0415 - an optional dependency
-
     runs: dict[str, str] = {}
     for path in paths:
         table = pq.read_table(path, columns=["run", "backend"])
@@ -42,9 +44,6 @@ def run_backends(paths: Sequence[Path]) -> dict[str, str]:
 
 def read_history(paths: Sequence[Path]) -> Any:
     """All rows of ``paths`` as one ``pyarrow.Table`` in the history schema."""
-    import pyarrow.parquet as pq  # noqa: PLC0415 - an optional dependency
-
-    pa = require_pyarrow()
     schema = arrow_schema()
     return pa.concat_tables([pq.read_table(path).select(schema.names).cast(schema) for path in paths])
 
@@ -52,9 +51,6 @@ def read_history(paths: Sequence[Path]) -> Any:
 def project(table: Any) -> Any:
     """Rows per checked object: ``okind`` and ``object`` added, fenced writes also under their service,
     ``members`` joined into one string."""
-    import pyarrow.compute as pc  # noqa: PLC0415
-
-    pa = require_pyarrow()
     kind = table.column("kind")
     parts = []
     for okind, mask, name in (
@@ -81,8 +77,6 @@ def project(table: Any) -> Any:
 
 def run_local(directory: Path, budget: wgl.Budget) -> Any:
     """Check the history in ``directory``; returns the output table (``bucket.output_schema``)."""
-
-    pa = require_pyarrow()
     table = project(read_history(history_files(directory)))
     table = table.sort_by([("run", "ascending"), ("okind", "ascending"), ("object", "ascending")])
     ends = object_ends(table)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from consensus_chaos.check.local import history_files
 
@@ -80,8 +81,6 @@ def check_local(
     check: Callable[[list[Any]], pa.Table],
 ) -> pa.Table:
     """``check(rows)`` on the rows of ``kinds`` (and the nemesis's) of each run in ``directory``."""
-    import pyarrow.parquet as pq  # noqa: PLC0415 - an optional dependency
-
     by_run: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
     wanted = [*kinds, "nemesis"]
     for path in history_files(directory):  # only the wanted kinds' rows become Python objects
@@ -100,7 +99,7 @@ def check_spark(
     ddl: str,
 ) -> pa.Table:
     """``check_local`` with one Spark task per run (``members`` arrives joined by commas)."""
-    from pyspark.sql import functions as F  # noqa: N812, PLC0415 - an optional dependency
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415 - pyspark, the optional spark extra
 
     frame = session.read.parquet(str(directory / "*.parquet")).select(*columns)
     frame = frame.filter(F.col("kind").isin(*kinds, "nemesis"))

@@ -3,7 +3,8 @@
 ``bucket = pmod(xxhash64(run, object), buckets)``, then
 ``groupBy(bucket).applyInArrow(check_table)``: one Python call per bucket of
 many objects, never one per key. The driver binds 127.0.0.1, workers run
-this interpreter, and the UI and console progress are off.
+this interpreter, and the UI and console progress are off. pyspark (the
+``spark`` extra) is imported only when a job runs: the module loads without it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from consensus_api.errors import ConfigurationError
 from consensus_chaos.check import wgl
@@ -43,7 +45,7 @@ def spark_session(master: str = "local[*]", driver_memory: str = DRIVER_MEMORY) 
     collects the history to the driver, only the checks' output (findings, summaries, histograms)."""
     check_memory(driver_memory)
     try:
-        from pyspark.sql import SparkSession  # noqa: PLC0415 - an optional dependency
+        from pyspark.sql import SparkSession  # noqa: PLC0415 - pyspark, the optional spark extra
     except ImportError:
         raise ConfigurationError(
             "the Spark engine needs pyspark: pip install 'consensus-api[spark]'"
@@ -73,7 +75,7 @@ def spark_session(master: str = "local[*]", driver_memory: str = DRIVER_MEMORY) 
 def project(frame: Any) -> Any:
     """Rows per checked object (one scan): ``okind`` and ``object`` added, fenced writes also under their
     service, ``members`` joined into one string (an array column makes Arrow batching quadratic)."""
-    from pyspark.sql import functions as F  # noqa: N812, PLC0415
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415 - pyspark, the optional spark extra
 
     kind, key, service = F.col("kind"), F.col("key"), F.col("service")
 
@@ -99,8 +101,7 @@ def run_spark(directory: Path, budget: wgl.Budget, session: Any) -> Any:
     keep each under ``ROWS_PER_PARTITION`` rows. Adaptive query execution is off
     for this job: it would only re-plan what is sized here.
     """
-    import pyarrow.parquet as pq  # noqa: PLC0415
-    from pyspark.sql import functions as F  # noqa: N812, PLC0415
+    from pyspark.sql import functions as F  # noqa: N812, PLC0415 - pyspark, the optional spark extra
 
     rows = sum(pq.read_metadata(path).num_rows for path in history_files(directory))
     buckets = max(1, min(MAX_BUCKETS, rows // ROWS_PER_BUCKET))
@@ -116,26 +117,3 @@ def run_spark(directory: Path, budget: wgl.Budget, session: Any) -> Any:
 
     result = keyed.groupBy("bucket").applyInArrow(check_bucket, schema=spark_ddl())
     return result.toArrow()
-
-
-def run_objects(
-    table: pa.Table, model_name: str, budget: wgl.Budget, explain: bool, session: Any
-) -> pa.Table:
-    """Check the operations of Jepsen histories (``external.INPUT_COLUMNS``) with ``session``: keys hashed
-    into buckets, one ``external.check_objects`` call per bucket; returns its output rows."""
-    from pyspark.sql import functions as F  # noqa: N812, PLC0415
-
-    from consensus_chaos.check import external  # noqa: PLC0415
-
-    objects = len(set(zip(table.column("file").to_pylist(), table.column("key").to_pylist(), strict=True)))
-    cores = session.sparkContext.defaultParallelism
-    buckets = max(1, min(objects, 4 * cores))
-    session.conf.set("spark.sql.shuffle.partitions", str(buckets))
-    frame = session.createDataFrame(table).withColumn(
-        "bucket", F.expr(f"pmod(xxhash64(file, key), {buckets})")
-    )
-
-    def check_bucket(bucket: pa.Table) -> pa.Table:  # the hints tell Spark this takes a whole group
-        return external.check_objects(bucket.drop_columns(["bucket"]), model_name, budget, explain)
-
-    return frame.groupBy("bucket").applyInArrow(check_bucket, schema=external.spark_ddl()).toArrow()

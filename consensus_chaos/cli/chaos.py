@@ -8,7 +8,8 @@ import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from consensus_api.cli._common import err_console, expand_url, out_console, require_extra
+from consensus_api.cli._common import err_console, expand_url, out_console
+from consensus_chaos.record.client_process import LOG_LEVELS
 from consensus_chaos.record.nemesis import FAULTS
 from consensus_chaos.record.runner import WORKLOADS, ChaosOptions, run_chaos
 from consensus_testkit import require_launchers, store_names
@@ -83,6 +84,14 @@ def _faults(text: str) -> frozenset[str]:
     help="With --server: start a replicated cluster of this many nodes (odd, at least 3).",
 )
 @click.option("--seed", type=int, default=None, help="Seed of the workload and fault choices.")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS),
+    default="INFO",
+    show_default=True,
+    help="The client processes' log (OUT/<run>.log) from this level up; DEBUG adds the client "
+    "libraries' INFO records.",
+)
 def chaos(  # noqa: PLR0917 - click passes every option as a parameter
     url: str | None,
     server: str | None,
@@ -98,6 +107,7 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
     workload: str,
     nodes: int,
     seed: int | None,
+    log_level: str,
 ) -> None:
     """Run CLIENTS processes doing random storage, election and membership operations for DURATION
     seconds while faults are injected; record everything in OUT/<run>.parquet.
@@ -126,10 +136,10 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
         fault_interval=fault_interval,
         workload=workload,
         nodes=nodes,
+        log_level=log_level,
         **extra,
     )
     options.validate()
-    require_extra("spark", ["pyarrow"], "recording a history")
     if server is not None:
         require_launchers([server])
     columns = (TextColumn("chaos"), BarColumn(), TimeElapsedColumn(), TextColumn("{task.fields[status]}"))

@@ -13,6 +13,8 @@ from rich.text import Text
 from consensus_api.cli._common import out_console, require_extra
 from consensus_api.errors import ConfigurationError
 from consensus_chaos.check import Budget, check_history
+from consensus_chaos.check.external import check_files, exit_code
+from consensus_chaos.check.external_report import write_report as write_html
 from consensus_chaos.check.report import write_report
 
 FORMATS = ("parquet", "jepsen-log", "jepsen-edn")
@@ -100,7 +102,8 @@ def check(  # noqa: PLR0917 - click passes every option as a parameter
     violation, 3 only unknown verdicts (a budget ran out), 2 a usage error, an
     invalid history or a file that cannot be parsed (its line and why).
     """
-    require_extra("spark", ["pyarrow", "pyspark"] if engine == "spark" else ["pyarrow"], f"--engine {engine}")
+    if engine == "spark":
+        require_extra("spark", ["pyspark"], "--engine spark")
     budget = Budget(time_budget, state_budget)
     if fmt != "parquet":
         ctx.exit(
@@ -110,11 +113,9 @@ def check(  # noqa: PLR0917 - click passes every option as a parameter
         raise ConfigurationError("--model applies to --format jepsen-log and jepsen-edn only")
     if not path.is_dir():
         raise ConfigurationError(f"{path} is not a directory (a history written by consensus chaos)")
-    if report is not None:
-        require_extra("spark", ["matplotlib"], "--report")
     outcome = check_history(path, engine, budget, master, driver_memory=driver_memory)
     if report is not None:
-        write_report(outcome, report)
+        write_report(outcome, report, path)
     if as_json:
         click.echo(json.dumps(outcome.to_json(), indent=2))
     else:
@@ -153,9 +154,6 @@ def check_jepsen(  # noqa: PLR0917 - the command's options
     as_json: bool,
 ) -> int:
     """``consensus check --format jepsen-*``: one verdict per file; the exit code."""
-    from consensus_chaos.check.external import check_files, exit_code  # noqa: PLC0415 - needs pyarrow
-    from consensus_chaos.check.external_report import write_report as write_html  # noqa: PLC0415
-
     explain = as_json or report is not None
     verdicts = check_files(path, fmt, model, engine=engine, budget=budget, explain=explain, master=master)
     code = exit_code(verdicts)

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
-from consensus_api.cli._common import echo_json, err_console, out_console, require_extra
+from consensus_api.cli._common import echo_json, err_console, out_console
+from consensus_chaos.check.ownership import check_local, check_spark
+from consensus_chaos.check.spark import spark_session
 
 
 @click.command("ownership")
@@ -25,15 +27,7 @@ def ownership(directory: Path, engine: str, master: str, as_json: bool) -> None:
     """Check the coordinator histories in DIRECTORY. Exit 1 naming each resource that was owned by
     two members at once (a member paused or expired by the nemesis is reported, not a violation),
     or that no member, or two, owned at the end."""
-    require_extra("spark", ["pyarrow"], "checking a history")
-    from consensus_chaos.check.ownership import check_local, check_spark  # noqa: PLC0415 - pyarrow
-
-    if engine == "spark":
-        from consensus_chaos.check.spark import spark_session  # noqa: PLC0415 - pyspark
-
-        findings = check_spark(directory, spark_session(master))
-    else:
-        findings = check_local(directory)
+    findings = check_spark(directory, spark_session(master)) if engine == "spark" else check_local(directory)
     violations = [f for f in findings if f.violation]
     if as_json:
         echo_json(

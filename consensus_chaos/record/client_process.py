@@ -1,7 +1,8 @@
 """A chaos client process: ``python -m consensus_chaos.record.client_process --journal PATH ...``.
 
 The URL comes from ``$CONSENSUS_URL`` (credentials stay off the command line).
-The process talks to the runner in lines. It prints ``READY`` once connected
+The process talks to the runner in lines (the child harness,
+:mod:`consensus_api.children`). It prints ``READY`` once connected
 and listening, ``SESSION <JSON>`` whenever its session is (re-)established
 (what names it on the server, ``Backend.fault_identity``, for a real
 server-side expiry), ``STOPPED`` after ``STOP`` on stdin
@@ -12,7 +13,8 @@ marker), and ``BYE`` after ``EXIT``, once its session is closed. The runner
 sends ``EXIT`` only when every client is ``DONE``: closing a session changes
 memberships and leaderships others are still reading. Every wait is
 bounded: the process exits by itself after ``--lifetime`` seconds or when
-stdin closes. The library logs from INFO up to stderr, which the runner keeps
+stdin closes, and its watchdog ends it at the latest 5 s after either. The
+library logs from INFO up (``--log-level``) to stderr, which the runner keeps
 beside the history as ``<run>.log``, each line stamped with the journal's
 clock (``time.monotonic_ns``) so that it reads against the history.
 """
@@ -23,16 +25,16 @@ import argparse
 import json
 import logging
 import os
-import queue
 import random
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from consensus_api.children import Parent, say
+from consensus_api.config import ENV_URL
 from consensus_api.errors import BackendUnavailableError, ConfigurationError, ConsensusError
 from consensus_api.model import SessionState
 from consensus_api.session import Session, connect
@@ -41,21 +43,14 @@ from consensus_chaos.record.schema import ELECTION, FINAL, GROUP, KV
 from consensus_chaos.record.workload import QUIET, SETTLE_MAX, Plan, Worker, text
 
 RETRY = 0.2
-
-_say_lock = threading.Lock()
-
-
-def say(line: str) -> None:
-    """One line to the runner."""
-    with _say_lock:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+#: The levels a client's log may start at (``--log-level``).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING")
 
 
 def report_session(session: Session) -> None:
     """Tell the runner what names ``session`` on the server now (``Backend.fault_identity``)."""
     identity = session._backend.fault_identity()  # the SPI's test-only hook
-    say(f"SESSION {json.dumps(identity, separators=(',', ':'))}")
+    say("SESSION", json.dumps(identity, separators=(",", ":")))
 
 
 class _JournalClock(logging.Formatter):
@@ -66,49 +61,29 @@ class _JournalClock(logging.Formatter):
         return f"{stamp}: {super().format(record)}"
 
 
-def log_to_stderr() -> None:
-    """The library's records from INFO up to stderr, stamped with the journal's clock."""
+def log_to_stderr(level: str = "INFO") -> None:
+    """The library's records from ``level`` up to stderr, stamped with the journal's clock; at
+    ``DEBUG`` the client libraries' (kafka-python, kazoo, ...) records from INFO up as well."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_JournalClock())
     library = logging.getLogger("consensus_api")
-    library.setLevel(logging.INFO)
-    library.addHandler(handler)
+    library.setLevel(level)
+    if level == "DEBUG":
+        everything = logging.getLogger()
+        everything.setLevel(logging.INFO)
+        everything.addHandler(handler)
+    else:
+        library.addHandler(handler)
 
 
-class Commands:
-    """Lines from stdin, read by a daemon thread; EOF counts as ``EXIT``."""
-
-    def __init__(self) -> None:
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.stop = threading.Event()
-        threading.Thread(target=self._read, name="chaos-stdin", daemon=True).start()
-
-    def _read(self) -> None:
-        for line in sys.stdin:
-            command = line.strip()
-            if command in ("STOP", "EXIT"):
-                self.stop.set()
-            self.lines.put(command)
-        self.stop.set()
-        self.lines.put("EXIT")
-
-    def wait_for(self, command: str, deadline: float) -> bool:
-        """True once ``command`` arrives; False on EXIT or at ``deadline`` (monotonic seconds)."""
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                return False
-            if line == command:
-                return True
-            if line == "EXIT":
-                return False
-        return False
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    """The ``--log-level`` flag every chaos client takes (see :func:`log_to_stderr`)."""
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="INFO")
 
 
-def open_session(url: str, options: dict[str, Any], commands: Commands, deadline: float) -> Session | None:
+def open_session(url: str, options: dict[str, Any], parent: Parent) -> Session | None:
     """Connect, retrying while the backend is unreachable; None if stopped or out of time first."""
-    while not commands.stop.is_set() and time.monotonic() < deadline:
+    while not parent.stop.is_set() and time.monotonic() < parent.deadline:
         try:
             return connect(url, **options)
         except BackendUnavailableError:
@@ -137,10 +112,10 @@ def settle_and_record(worker: Worker) -> None:
 
 @dataclass(frozen=True)
 class Workload:
-    """What a chaos client does with its session: ``run(commands, deadline)`` until told to stop (or
+    """What a chaos client does with its session: ``run(parent, deadline)`` until told to stop (or
     out of time), then ``final()`` records its final markers."""
 
-    run: Callable[[Commands, float], None]
+    run: Callable[[Parent, float], None]
     final: Callable[[], None]
 
 
@@ -151,9 +126,8 @@ def serve(
     configuration), journal, tell the runner the session at each CONNECTED; ``start`` sets the workload
     up, then ``READY``, the workload, ``STOPPED``, on ``FINAL`` its final markers and ``DONE``, on
     ``EXIT`` ``BYE``. A ``ConsensusError`` ends the workload early; the session is always closed."""
-    log_to_stderr()
-    deadline = time.monotonic() + args.lifetime
-    commands = Commands()
+    parent = Parent(args.lifetime, stop_words=("STOP", "EXIT"))
+    log_to_stderr(args.log_level)
     options: dict[str, Any] = {
         "session_timeout": args.session_timeout,
         "request_timeout": args.request_timeout,
@@ -161,7 +135,7 @@ def serve(
         "auto_rejoin": auto_rejoin,
     }
     try:
-        session = open_session(os.environ["CONSENSUS_URL"], options, commands, deadline)
+        session = open_session(os.environ[ENV_URL], options, parent)
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -179,12 +153,12 @@ def serve(
     try:
         workload = start(session, journal)
         say("READY")
-        workload.run(commands, deadline)
+        workload.run(parent, parent.deadline)
         say("STOPPED")
-        if commands.wait_for("FINAL", deadline):
+        if parent.wait_for("FINAL", abort_on=("EXIT",)):
             workload.final()
             say("DONE")
-            commands.wait_for("EXIT", deadline)
+            parent.wait_for("EXIT")
     except ConsensusError as exc:
         print(f"client stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
@@ -202,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(name, type=int, required=True)
     for name in ("--key-period", "--session-timeout", "--request-timeout", "--think", "--lifetime"):
         parser.add_argument(name, type=float, required=True)
+    add_log_level(parser)
     args = parser.parse_args(argv)
     plan = Plan(args.prefix, args.clients, args.keys, int(args.key_period * 1e9), args.t0_ns, args.client)
 
@@ -209,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         worker = Worker(session, journal, plan, random.Random(args.seed))
         worker.start_listening()
 
-        def run(commands: Commands, deadline: float) -> None:
-            while not commands.stop.is_set() and time.monotonic() < deadline:
+        def run(parent: Parent, deadline: float) -> None:
+            while not parent.stop.is_set() and time.monotonic() < deadline:
                 try:
                     worker.step()
                 except ConsensusError as exc:  # a listener could not be moved; operations never raise

@@ -14,6 +14,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from consensus_chaos.record.journal import read_journal
 from consensus_chaos.record.schema import (
     COLUMNS,
@@ -22,7 +25,6 @@ from consensus_chaos.record.schema import (
     INVOKE,
     NEMESIS_PROCESS,
     arrow_schema,
-    require_pyarrow,
 )
 
 
@@ -63,10 +65,7 @@ def collect(
 
 def write_history(rows: list[dict[str, Any]], path: Path) -> None:
     """Write ``rows`` as one Parquet file (zstd), atomically (temp file, then rename)."""
-    arrow = require_pyarrow()
-    import pyarrow.parquet as pq  # noqa: PLC0415 - an optional dependency
-
-    table = arrow.Table.from_pylist(rows, schema=arrow_schema())
+    table = pa.Table.from_pylist(rows, schema=arrow_schema())
     partial = path.with_suffix(".partial")
     pq.write_table(table, partial, compression="zstd")
     partial.replace(path)

@@ -24,11 +24,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from consensus_api.children import Parent
 from consensus_api.errors import ConsensusError
 from consensus_api.lock import Lease, LockLost
 from consensus_api.model import SessionState
 from consensus_api.session import Session
-from consensus_chaos.record.client_process import Commands, Workload, serve
+from consensus_chaos.record.client_process import Workload, add_log_level, serve
 from consensus_chaos.record.journal import Journal
 from consensus_chaos.record.schema import EVENT, FAIL, INFO, INVOKE, LOCK, OK
 from consensus_chaos.record.workload import BACKOFF
@@ -115,14 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(name, type=int, required=True)
     for name in ("--session-timeout", "--request-timeout", "--lifetime"):
         parser.add_argument(name, type=float, required=True)
+    add_log_level(parser)
     args, _ = parser.parse_known_args(argv)  # the storage workload's flags do not apply
 
     def start(session: Session, journal: Journal) -> Workload:
         locker = Locker(session, journal, f"{args.prefix}/locks", random.Random(args.seed))
         session.add_state_listener(locker.on_state)
 
-        def run(commands: Commands, deadline: float) -> None:
-            while not commands.stop.is_set() and time.monotonic() < deadline:
+        def run(parent: Parent, deadline: float) -> None:
+            while not parent.stop.is_set() and time.monotonic() < deadline:
                 locker.turn(ACQUIRE_TIMEOUTS * args.session_timeout)
 
         return Workload(run, lambda: None)

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from consensus_chaos.record.journal import Journal
 from consensus_chaos.record.schema import INVOKE, NEMESIS, OK
+from consensus_testkit.cluster import ClusterHandle
 
 if TYPE_CHECKING:
     from consensus_testkit import ServerHandle
-    from consensus_testkit.cluster import ClusterHandle
 
 FAULTS = ("kill", "pause", "restart", "expire", "leader-kill", "leader-pause", "partition")
 SERVER_FAULTS = frozenset({"restart"})
@@ -137,8 +137,6 @@ class Nemesis:
     def _node_fault(self, fault: str) -> str:
         """On a cluster: kill or pause the leading node, or partition a follower from the others; held
         for a while, then healed, and the cluster serving again (every node back)."""
-        from consensus_testkit.cluster import ClusterHandle  # noqa: PLC0415 - the testing extra
-
         cluster = self.server
         assert isinstance(cluster, ClusterHandle), "cluster faults need a cluster (--nodes 3)"
         leader = cluster.wait_leader(SERVER_READY_TIMEOUT)

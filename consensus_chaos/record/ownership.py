@@ -18,10 +18,11 @@ import argparse
 import sys
 import time
 
+from consensus_api.children import Parent
 from consensus_api.coordinator import Coordinator, ResourceHandler
 from consensus_api.errors import ConsensusError
 from consensus_api.session import Session
-from consensus_chaos.record.client_process import Commands, Workload, serve
+from consensus_chaos.record.client_process import Workload, add_log_level, serve
 from consensus_chaos.record.journal import Journal
 from consensus_chaos.record.schema import COORDINATOR, EVENT, FINAL
 from consensus_chaos.record.workload import SETTLE_MAX
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(name, type=int, required=True)
     for name in ("--session-timeout", "--request-timeout", "--lifetime"):
         parser.add_argument(name, type=float, required=True)
+    add_log_level(parser)
     args, _ = parser.parse_known_args(argv)  # the storage workload's flags do not apply
     resources = [f"r{index}" for index in range(RESOURCES)]
 
@@ -96,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         except ConsensusError as exc:  # joins later; the workload is the group's life under faults
             print(f"not yet joined: {type(exc).__name__}: {exc}", file=sys.stderr)
 
-        def run(commands: Commands, deadline: float) -> None:
-            commands.stop.wait(max(0.0, deadline - time.monotonic()))
+        def run(parent: Parent, deadline: float) -> None:
+            parent.stop.wait(max(0.0, deadline - time.monotonic()))
 
         return Workload(run, lambda: record_final(handler, coordinator, recorder))
 

@@ -10,11 +10,9 @@ it started is gone when it returns.
 
 from __future__ import annotations
 
-import os
 import random
 import secrets
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -26,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from consensus_api.config import parse_url
 from consensus_api.errors import BackendUnavailableError, ConfigurationError
 from consensus_api.session import connect
+from consensus_chaos.record.client_process import LOG_LEVELS
 from consensus_chaos.record.client_slots import Clients
 from consensus_chaos.record.convert import collect, summarize, write_history
 from consensus_chaos.record.journal import Journal
@@ -78,6 +77,7 @@ class ChaosOptions:
     workload: str = "storage"
     nodes: int = 1
     seed: int = field(default_factory=lambda: secrets.randbelow(2**31))
+    log_level: str = "INFO"
 
     def validate(self) -> None:
         """``ConfigurationError`` for options that cannot work together."""
@@ -90,6 +90,10 @@ class ChaosOptions:
         if self.workload not in WORKLOADS:
             raise ConfigurationError(
                 f"unknown workload {self.workload!r}; expected one of {', '.join(WORKLOADS)}"
+            )
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigurationError(
+                f"unknown log level {self.log_level!r}; expected one of {', '.join(LOG_LEVELS)}"
             )
         unknown = self.faults - set(FAULTS)
         if unknown:
@@ -160,9 +164,13 @@ def _expirer(url: str, expire: SessionExpirer) -> Callable[[Mapping[str, Any]], 
     return lambda identity: expire(parsed, identity, EXPIRE_TIMEOUT)
 
 
+def _client_lifetime(options: ChaosOptions) -> float:
+    """How long a client process may live: the whole run, with every phase's bound."""
+    return options.duration + 4 * options.session_timeout + 8 * options.request_timeout + 60
+
+
 def _client_args(options: ChaosOptions, run: str) -> list[str]:
-    """The command line of a client process, without its slot, spawn, journal and seed."""
-    lifetime = options.duration + 4 * options.session_timeout + 8 * options.request_timeout + 60
+    """The flags of a client process, without its slot, spawn, journal, seed and lifetime."""
     flags = {
         "prefix": f"chaos/{run}",
         "clients": options.clients,
@@ -172,10 +180,9 @@ def _client_args(options: ChaosOptions, run: str) -> list[str]:
         "session-timeout": options.session_timeout,
         "request-timeout": options.request_timeout,
         "think": options.think,
-        "lifetime": lifetime,
+        "log-level": options.log_level,
     }
-    module = WORKLOADS[options.workload]
-    return [sys.executable, "-m", module, *(p for k, v in flags.items() for p in (f"--{k}", str(v)))]
+    return [part for flag, value in flags.items() for part in (f"--{flag}", str(value))]
 
 
 def _drive(options: ChaosOptions, clients: Clients, nemesis: Nemesis, progress: Progress | None) -> None:
@@ -218,7 +225,8 @@ def run_chaos(options: ChaosOptions, progress: Progress | None = None) -> ChaosR
         backend = _probe(url, options)
         started = time.monotonic()
         rng = random.Random(options.seed)
-        clients = Clients(_client_args(options, run), {**os.environ, "CONSENSUS_URL": url}, workdir, rng)
+        module, lifetime = WORKLOADS[options.workload], _client_lifetime(options)
+        clients = Clients(module, _client_args(options, run), lifetime, url, workdir, rng)
         journal = Journal(workdir / "nemesis.jsonl", NEMESIS_PROCESS, NEMESIS_PROCESS)
         expire = profile_for(url).expire_session
         nemesis = Nemesis(

@@ -10,12 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-try:
-    import pyarrow as pa
-except ImportError:  # pragma: no cover - depends on the installed extras
-    pa = None
-
-from consensus_api.errors import ConfigurationError
+import pyarrow as pa
 
 # Row types.
 INVOKE: Final = "invoke"
@@ -77,15 +72,7 @@ COLUMNS: Final[dict[str, str]] = {
 }
 
 
-def require_pyarrow() -> Any:
-    """The ``pyarrow`` module; ``ConfigurationError`` naming the extra when it is missing."""
-    if pa is None:
-        raise ConfigurationError("histories need pyarrow: pip install 'consensus-api[spark]'")
-    return pa
-
-
 def arrow_schema() -> Any:
     """The Arrow schema of a history file."""
-    arrow = require_pyarrow()
-    types = {"string": arrow.string(), "int64": arrow.int64(), "list<string>": arrow.list_(arrow.string())}
-    return arrow.schema([(name, types[kind]) for name, kind in COLUMNS.items()])
+    types = {"string": pa.string(), "int64": pa.int64(), "list<string>": pa.list_(pa.string())}
+    return pa.schema([(name, types[kind]) for name, kind in COLUMNS.items()])

@@ -1,34 +1,47 @@
-"""``consensus conformance``: run the contract suite (docs/spec.md section 10) in-process against a URL."""
+"""``consensus conformance``: run the contract suite in-process against a URL.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#10-conformance>
+"""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
+import os
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
+import pytest
 from rich.table import Table
 from rich.text import Text
 
-from consensus_api.cli._common import EXIT_FAILURE, err_console, out_console, resolved_url
-from consensus_api.errors import ConfigurationError
+from consensus_api.cli._common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    err_console,
+    out_console,
+    resolved_url,
+)
+from consensus_api.config import redact_text
 from consensus_api.session import connect
 from consensus_testkit.conformance import SECTIONS
-
-if TYPE_CHECKING:
-    import pytest
+from consensus_testkit.conformance.stash import NOT_APPLICABLE
 
 SUITE = "consensus_testkit.conformance"
 #: The plugin module itself: this module imported the package already (SECTIONS), too late for pytest to
 #: rewrite its assertions, which ``-p consensus_testkit.conformance`` would warn about.
 PLUGIN = "consensus_testkit.conformance.plugin"
-EXTRA = "conformance"
 KINDS = ("passed", "failed", "skipped")
 _RANK = {"passed": 0, "skipped": 1, "failed": 2}
+#: Names a file the command also writes its JSON summary to (the one ``--json`` prints), whatever it prints.
+REPORT_VARIABLE = "CONSENSUS_CONFORMANCE_REPORT"
+#: The command's exit status when pytest stopped on an internal error (pytest's own code for it).
+EXIT_INTERNAL_ERROR = 3
 
 
 @dataclass
@@ -51,6 +64,10 @@ class Collector:
     fails to import counts as one failed test of its section. Tests the
     plugin did not collect because they do not apply to the backend are
     counted as ``not_applicable``, with the reason (only what the backend's test profile declares).
+    A test counts as passed only when its body ran and every phase passed.
+    A failed test is a *failure* when its test body failed, an *error* when its
+    setup or teardown failed or its module did not import (pytest's words); a
+    test may be both.
     """
 
     outcomes: dict[str, str] = field(default_factory=dict)
@@ -58,10 +75,10 @@ class Collector:
     seconds: dict[str, float] = field(default_factory=dict)
     messages: dict[str, str] = field(default_factory=dict)
     not_applicable: dict[str, str] = field(default_factory=dict)
+    failures: dict[str, None] = field(default_factory=dict)  # ordered sets of node ids
+    errors: dict[str, None] = field(default_factory=dict)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        from consensus_testkit.conformance.plugin import NOT_APPLICABLE  # noqa: PLC0415 - imports pytest
-
         reasons: dict[str, str] = session.config.stash.get(NOT_APPLICABLE, {})
         self.not_applicable = dict(reasons)
 
@@ -76,11 +93,16 @@ class Collector:
         section = section_of(nodeid)
         self.sections_of[nodeid] = section
         self.seconds[section] = self.seconds.get(section, 0.0) + (duration or 0.0)
+        when = getattr(report, "when", None)
+        if outcome == "passed" and when != "call":
+            return  # passed only once its body ran: not a test interrupted after its setup
         previous = self.outcomes.get(nodeid, "passed")
         if nodeid not in self.outcomes or _RANK[outcome] > _RANK[previous]:
             self.outcomes[nodeid] = outcome
         if outcome != "passed" and nodeid not in self.messages:
             self.messages[nodeid] = _first_line(report.longrepr)
+        if outcome == "failed":
+            (self.failures if when == "call" else self.errors)[nodeid] = None
 
     def sections(self) -> dict[str, Section]:
         """Counts per section, sorted by name."""
@@ -109,6 +131,10 @@ class Collector:
     def ids(self, outcome: str) -> list[str]:
         """The ids of every test with ``outcome``, in order."""
         return [nodeid for nodeid, seen in self.outcomes.items() if seen == outcome]
+
+    def listed(self, nodeids: Iterable[str]) -> list[dict[str, str]]:
+        """``{"test": node id, "message": the gist of why}`` for each of ``nodeids``."""
+        return [{"test": nodeid, "message": self.messages.get(nodeid, "")} for nodeid in nodeids]
 
 
 def _first_line(longrepr: Any) -> str:
@@ -144,8 +170,6 @@ def run_suite(url: str, select: str | None, quiet: bool) -> tuple[int, Collector
     ]  # a module that cannot import is one failure, not the end
     if select:
         args += ["-k", select]
-    import pytest  # noqa: PLC0415 - imported only when the suite runs: it is slow to import
-
     collector = Collector()
     target = sys.stderr if quiet else sys.stdout
     with contextlib.redirect_stdout(target):
@@ -164,47 +188,79 @@ def conformance(url: str | None, url_option: str | None, as_json: bool, select: 
     """Run the conformance suite against URL and report per section.
 
     URL may reference environment variables ('$CONSENSUS_URL'); without a URL the
-    default resolution applies. Exit 1 if any test failed or was skipped, or none ran.
-    Tests the backend's test profile declares not applicable (e.g. server faults
-    on SQLite, which has no server process) are not run and are listed with the
-    reason; any other reason a test cannot run is a failure. The fault tests find
-    the server's control file in $CONSENSUS_CONTROL, which `consensus servers run`
-    sets. Needs pytest (the 'conformance' extra).
+    default resolution applies. Tests the backend's test profile declares not
+    applicable (e.g. server faults on SQLite, which has no server process; the
+    security section on a URL without tls_ca) are not run and are listed with
+    the reason; any other reason a test cannot run is a failure. The fault tests
+    find the server's control file in $CONSENSUS_CONTROL, which `consensus
+    servers run` sets. Needs pytest (the 'conformance' extra).
+
+    The JSON summary (printed by --json; written also to the file
+    $CONSENSUS_CONFORMANCE_REPORT names, whatever is printed) holds the backend,
+    the URL (password redacted), the counts, pytest's exit code, the failures (a
+    test body failed), errors (a setup or teardown failed, a module did not
+    import) and skips, each with its test id and a message, the tests not
+    applicable with the reason, and counts per section.
+
+    Exit status: 0 when every test that ran passed; 1 when a test failed, erred or
+    was skipped, or none ran; 2 when interrupted (Ctrl-C) or on a usage error; 3
+    on pytest's internal error. After 2 or 3 the counts are those of the tests
+    that ran.
     """
     if url is not None and url_option is not None:
         raise click.UsageError("give the URL either as argument or with --url, not both")
-    if importlib.util.find_spec("pytest") is None:
-        raise ConfigurationError(f"the conformance suite needs pytest: pip install 'consensus-api[{EXTRA}]'")
     full_url = resolved_url(url if url is not None else url_option)
     with connect(full_url) as session:
         backend = session.backend
     code, collector = run_suite(full_url, select, quiet=as_json)
     sections = collector.sections()
     totals = {kind: sum(getattr(s, kind) for s in sections.values()) for kind in KINDS}
+    summary = {
+        "backend": backend,
+        "url": redact_text(full_url),
+        **totals,
+        "pytest_exit_code": code,
+        "failures": collector.listed(collector.failures),
+        "errors": collector.listed(collector.errors),
+        "skips": collector.listed(collector.ids("skipped")),
+        "not_applicable": collector.not_applicable_list(),
+        "sections": {
+            name: {
+                "passed": s.passed,
+                "failed": s.failed,
+                "skipped": s.skipped,
+                "not_applicable": s.not_applicable,
+                "seconds": round(s.seconds, 1),
+            }
+            for name, s in sections.items()
+        },
+    }
+    report = os.environ.get(REPORT_VARIABLE)
+    if report:
+        with open(report, "w", encoding="utf-8") as file:
+            json.dump(summary, file)
     if as_json:
-        summary = {
-            "backend": backend,
-            **totals,
-            "not_applicable": collector.not_applicable_list(),
-            "sections": {
-                name: {
-                    "passed": s.passed,
-                    "failed": s.failed,
-                    "skipped": s.skipped,
-                    "not_applicable": s.not_applicable,
-                    "seconds": round(s.seconds, 1),
-                }
-                for name, s in sections.items()
-            },
-        }
         click.echo(json.dumps(summary))
     else:
         _print_report(backend, sections, totals, collector)
-    ran = sum(totals.values())
-    if ran == 0:
-        err_console().print(Text(f"no conformance test ran (pytest exit code {code})", style="red"))
-    if totals["failed"] or totals["skipped"] or ran == 0:
-        sys.exit(EXIT_FAILURE)
+    status = exit_status(code, totals)
+    if status != EXIT_OK and not (status == EXIT_FAILURE and (totals["failed"] or totals["skipped"])):
+        ran = sum(totals.values())  # a status the tests listed do not explain
+        counts = f"{ran} conformance tests ran" if ran else "no conformance test ran"
+        what = "interrupted" if code == pytest.ExitCode.INTERRUPTED else f"pytest exit code {code}"
+        err_console().print(Text(f"{counts} ({what})", style="red"))
+    sys.exit(status)
+
+
+def exit_status(pytest_code: int, totals: dict[str, int]) -> int:
+    """The command's exit status, given pytest's exit code and the counts (see ``conformance``)."""
+    if pytest_code in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.USAGE_ERROR):
+        return EXIT_USAGE
+    if pytest_code == pytest.ExitCode.INTERNAL_ERROR:
+        return EXIT_INTERNAL_ERROR
+    if pytest_code != pytest.ExitCode.OK or totals["failed"] or totals["skipped"] or not sum(totals.values()):
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 def _print_report(
@@ -233,7 +289,8 @@ def _print_report(
     console.print(table)
     for outcome, style in (("failed", "red"), ("skipped", "yellow")):
         for nodeid in collector.ids(outcome):
-            line = Text(f"{outcome.upper()} ", style=style)
+            label = "ERROR" if nodeid in collector.errors and nodeid not in collector.failures else outcome
+            line = Text(f"{label.upper()} ", style=style)
             line.append(nodeid)
             if collector.messages.get(nodeid):
                 line.append(f" - {collector.messages[nodeid]}", style="dim")

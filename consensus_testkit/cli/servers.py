@@ -1,4 +1,5 @@
-"""``consensus servers run NAME... -- COMMAND...``: run a command against fresh real servers."""
+"""``consensus servers run NAME... -- COMMAND...``: run a command against fresh real servers;
+``consensus servers install NAME...``: install what they need on the machine."""
 
 from __future__ import annotations
 
@@ -18,10 +19,17 @@ import click
 from rich.text import Text
 
 from consensus_api import config
-from consensus_api.cli._common import err_console, expand_env
+from consensus_api.cli._common import EXIT_USAGE, err_console, expand_env, out_console
 from consensus_api.errors import ConfigurationError
-from consensus_testkit import start_store
-from consensus_testkit.launchers import launcher, require_launchers, secure_names, start_cluster, store_names
+from consensus_testkit import prerequisites, start_store
+from consensus_testkit.launchers import (
+    SQLITE,
+    launcher,
+    require_launchers,
+    secure_names,
+    start_cluster,
+    store_names,
+)
 
 CONTROL_ENV = "CONSENSUS_CONTROL"
 _COMMAND_KEY = "consensus.servers.command"
@@ -165,9 +173,44 @@ def _started(
 def _start(name: str, secure: bool, nodes: int) -> _Server:
     try:
         server: _Server = start_cluster(name, nodes) if nodes > 1 else start_store(name, secure=secure)
+    except ModuleNotFoundError as exc:
+        raise ConfigurationError(f"could not start {name}: {exc.name or exc} is not installed") from None
     except (RuntimeError, ValueError) as exc:
         raise ConfigurationError(f"could not start {name}: {exc}") from None
     return server
+
+
+@servers.command("install")
+@click.argument("names", nargs=-1, required=True, type=click.Choice(store_names()))
+@click.option(
+    "--yes",
+    "run_apt",
+    is_flag=True,
+    help="Run apt-get for the Debian packages (as root) instead of printing the line to run.",
+)
+def install(names: tuple[str, ...], run_apt: bool) -> None:
+    """Install what the servers NAMES need on the machine; a second run only checks.
+
+    \b
+    Debian packages (PostgreSQL, MariaDB, ZooKeeper, Redis, Java, Maven): the
+    apt-get line to run as root is printed, or run with --yes. Jars and binaries
+    go into the cache dir ($CONSENSUS_CACHE or ~/.cache/consensus-api): Kafka's
+    jars are fetched with Maven, etcd is built with Go (about 2 minutes the first
+    time). Exit 2 while something is still missing (each line says what to do),
+    1 when a fetch or build fails.
+    """
+    needs = [need for name in names if name != SQLITE for need in launcher(name).needs]
+    out = out_console()
+    try:
+        left = prerequisites.install(
+            needs, run_apt=run_apt, say=lambda line: out.print(Text(line), soft_wrap=True)
+        )
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in left:
+        err_console().print(Text(f"missing: {line}", style="red"), soft_wrap=True)
+    if left:
+        sys.exit(EXIT_USAGE)
 
 
 def _run_command(argv: list[str], env: dict[str, str]) -> int:

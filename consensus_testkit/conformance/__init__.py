@@ -1,6 +1,9 @@
-"""The consensus-api contract as a pytest suite (docs/spec.md section 10), and a pytest plugin to run it.
+"""The consensus-api contract as a pytest suite, and a pytest plugin to run it.
 
-Run it against any backend URL::
+Contract: <https://consensus-api.github.io/consensus-api/spec/#10-conformance>
+
+Run it against any backend URL, with the test kit installed (``pip install
+'consensus-api[sql,conformance]'``: pytest and every module the suite imports)::
 
     consensus conformance etcd://127.0.0.1:2379/ct
     pytest -p consensus_testkit.conformance --pyargs consensus_testkit.conformance --consensus-url=sqlite:////tmp/ct.db
@@ -15,7 +18,7 @@ pytest run that does not ask for it sees none of its options or fixtures.
 (e.g. a longer ``session_timeout`` for a backend whose minimum is higher).
 What each backend needs - its server, detection delay, server-side expiry,
 what does not apply - is its test profile (``consensus_testkit.profile``).
-One module per docs/spec.md section; the section's name is the module name without
+One module per section of the contract; the section's name is the module name without
 ``test_`` (a section may go on in ``test_<section>_<more>.py``). Every test
 namespaces its keys, groups and services uniquely, so the suite never depends
 on (or wipes) what the backend already holds.
@@ -24,7 +27,7 @@ on (or wipes) what the backend already holds.
 #: Loaded by pytest when this package is a plugin (``-p consensus_testkit.conformance``).
 pytest_plugins = ["consensus_testkit.conformance.plugin"]
 
-#: The sections of the suite, in the order of docs/spec.md: ``test_<section>.py`` each.
+#: The sections of the suite, in the contract's order: ``test_<section>.py`` each.
 SECTIONS = (
     "storage",
     "listeners",
@@ -37,4 +40,5 @@ SECTIONS = (
     "faults",
     "coordinator",
     "security",
+    "aio",
 )

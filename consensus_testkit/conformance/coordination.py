@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("group")
     args = parser.parse_args(argv)
-    options = child_start(args, grace=5)
+    parent, options = child_start(args, grace=5)
     rebalance = float(options.pop("rebalance_timeout", 10))
     resources = int(options.pop("resources", 0))
     hold = float(options.pop("hold_assign", 0))
@@ -224,14 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 member = session.coordinator(args.group, "test", Reporting(), rebalance_timeout=rebalance)
                 member.ensure_active_group(args.lifetime)
-            stopped = threading.Event()
-
-            def watch_stdin() -> None:
-                sys.stdin.read()
-                stopped.set()
-
-            threading.Thread(target=watch_stdin, daemon=True).start()
-            stopped.wait(args.lifetime)
+            parent.stop.wait(args.lifetime)  # until stdin closes
     except ConsensusError as exc:
         print("ERROR", type(exc).__name__, exc, flush=True)
         return 1

@@ -197,6 +197,26 @@ def quiet_period(control: Callable[[], object]) -> None:
     time.sleep(QUIET_PERIOD)
 
 
+def stays_quiet(observe: Callable[[], object], window: float, *, what: str) -> None:
+    """A negative check: ``observe()`` stays falsy for ``window`` seconds (polled), else the test fails
+    naming ``what`` and the observation. Pair it with ``fires_within`` on the same observation in the
+    same test: the positive control that shows ``window`` is long enough to see the thing happen."""
+    deadline = time.monotonic() + window
+    while time.monotonic() < deadline:
+        seen = observe()
+        assert not seen, f"{what}: {seen!r}"
+        time.sleep(0.05)
+
+
+def fires_within(observe: Callable[[], R | None], window: float, *, what: str) -> R:
+    """The positive control of a ``stays_quiet`` check: when the thing does happen, ``observe()`` turns
+    truthy within the same ``window`` (else the quiet window was too short to prove anything)."""
+    started = time.monotonic()
+    seen = wait_until(observe, window, what=f"{what} (positive control: the quiet window would miss it)")
+    assert time.monotonic() - started <= window + 0.1
+    return seen
+
+
 def is_dispatch_thread(name: str) -> bool:
     """True for the name of a session's dispatcher thread."""
     return name.startswith(DISPATCH_THREAD_PREFIX)

@@ -34,42 +34,43 @@ import time
 from collections.abc import Mapping, Sequence
 
 from consensus_api import ConsensusError, Lease, LockLost, SessionState, connect
+from consensus_api.children import Parent, say
 from consensus_api.session import Session
 from consensus_testkit.conformance.child import ChildProcess, child_parser, child_start
 from consensus_testkit.conformance.helpers import EVENT_TIMEOUT
-from consensus_testkit.conformance.worker import emit, fenced_outcome
+from consensus_testkit.conformance.worker import fenced_outcome
 
 
 def _fenced(session: Session, lease: Lease, operation: str, key: str) -> None:
-    emit("FENCED", operation, *fenced_outcome(session, lease, operation, key, b"stale holder"))
+    say("FENCED", operation, *fenced_outcome(session, lease, operation, key, b"stale holder"))
 
 
-def _run_hold(session: Session, name: str, shared: bool) -> int:
+def _run_hold(session: Session, parent: Parent, name: str, shared: bool) -> int:
     def on_state(state: SessionState) -> None:
-        emit("STATE", state.name)
+        say("STATE", state.name)
 
     def on_lost(event: LockLost) -> None:
-        emit("LOST", event.token)
+        say("LOST", event.token)
 
     session.add_state_listener(on_state)
     lock = session.lock(name, shared=shared)
     lock.add_listener(on_lost)
     lease = lock.acquire(timeout=EVENT_TIMEOUT)
     if lease is None:
-        emit("ERROR Timeout the lock was not acquired")
+        say("ERROR Timeout the lock was not acquired")
         return 2
-    emit("HELD", lease.token)
-    for line in iter(sys.stdin.readline, ""):
-        command, _, argument = line.strip().partition(" ")
+    say("HELD", lease.token)
+    while (line := parent.next()) is not None:
+        command, _, argument = line.partition(" ")
         if command == "EXIT":
             break
         if command == "FENCED":
             _fenced(session, lease, *argument.split(" ", 1))
         elif command == "RELEASE":
             lock.release()
-            emit("RELEASED")
+            say("RELEASED")
         else:
-            emit("ERROR unknown command", command)
+            say("ERROR unknown command", command)
     return 0
 
 
@@ -91,31 +92,33 @@ def _contend(session: Session, name: str, key: str, rounds: int, failures: list[
                 end = time.monotonic()
             finally:
                 lock.release()
-            emit("HELD", lease.token, f"{start:.6f}", f"{end:.6f}")
+            say("HELD", lease.token, f"{start:.6f}", f"{end:.6f}")
     except ConsensusError as exc:
         failures.append(f"{type(exc).__name__} {exc}")
 
 
-def _run_contend(session: Session, name: str, key: str, threads: int, rounds: int) -> int:
-    emit("READY")
-    if sys.stdin.readline().strip() != "GO":
-        emit("ERROR no GO")
+def _run_contend(session: Session, parent: Parent, args: argparse.Namespace) -> int:
+    say("READY")
+    if not parent.wait_for("GO"):
+        say("ERROR no GO")
         return 2
     failures: list[str] = []
     workers = [
         threading.Thread(
-            target=_contend, args=(session, name, key, rounds, failures), name=f"contender-{index}"
+            target=_contend,
+            args=(session, args.name, args.key, args.rounds, failures),
+            name=f"contender-{index}",
         )
-        for index in range(threads)
+        for index in range(args.threads)
     ]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
     if failures:
-        emit("ERROR", failures[0])
+        say("ERROR", failures[0])
         return 2
-    emit("DONE")
+    say("DONE")
     return 0
 
 
@@ -135,19 +138,19 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the exit code is 0 when it completed."""
     args = _parser().parse_args(argv)
-    options = child_start(args)
+    parent, options = child_start(args)
     url = os.environ.get("CONSENSUS_URL", "") if args.url == "-" else args.url
     try:
         session: Session = connect(url, **options)
     except ConsensusError as exc:
-        emit("ERROR", type(exc).__name__, exc)
+        say("ERROR", type(exc).__name__, exc)
         return 1
     try:
         if args.command == "hold":
-            return _run_hold(session, args.name, args.shared)
-        return _run_contend(session, args.name, args.key, args.threads, args.rounds)
+            return _run_hold(session, parent, args.name, args.shared)
+        return _run_contend(session, parent, args)
     except ConsensusError as exc:
-        emit("ERROR", type(exc).__name__, exc)
+        say("ERROR", type(exc).__name__, exc)
         return 1
     finally:
         session.close()

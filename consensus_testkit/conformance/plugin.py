@@ -44,14 +44,17 @@ import consensus_api
 from consensus_api.config import ENV_URL, parse_url
 from consensus_api.errors import ConfigurationError
 from consensus_api.session import Session
+from consensus_testkit.cluster import ClusterHandle
 from consensus_testkit.conformance.faults_support import Record, TimingLog
 from consensus_testkit.conformance.helpers import SessionFactory
+from consensus_testkit.conformance.stash import NOT_APPLICABLE
 from consensus_testkit.conformance.worker import WorkerProcess
+from consensus_testkit.control import attach
+from consensus_testkit.netns import why_unavailable
 from consensus_testkit.profile import MARKERS, TestProfile, profile_for
 
 if TYPE_CHECKING:
     from consensus_testkit import ServerHandle
-    from consensus_testkit.cluster import ClusterHandle
 
 URL_OPTION = "--consensus-url"
 OPTION_OPTION = "--consensus-option"
@@ -60,8 +63,6 @@ TIMINGS_OPTION = "--consensus-timings"
 CONTROL_ENV = "CONSENSUS_CONTROL"
 TIMINGS_ENV = "CONSENSUS_TIMINGS"
 
-#: Node ids of the tests the backend's profile declares not applicable, and why.
-NOT_APPLICABLE = pytest.StashKey[dict[str, str]]()
 TIMINGS = pytest.StashKey[TimingLog]()
 
 #: Options of every session the suite opens, unless the URL's query or --consensus-option sets them.
@@ -190,10 +191,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if problem is not None:
             pytest.fail(f"this test needs a controlled server: {problem}", pytrace=False)
     if "network_namespace" in markers:
-        try:
-            from consensus_testkit.netns import why_unavailable  # noqa: PLC0415 - Linux only
-        except ImportError as exc:
-            pytest.fail(f"network namespaces are unavailable: {exc}", pytrace=False)
         reason = why_unavailable()
         if reason is not None:
             pytest.fail(f"this test needs network namespaces: {reason}", pytrace=False)
@@ -349,8 +346,6 @@ def consensus_controlled_server(
     assert consensus_profile.server is not None
     path = _control_path(pytestconfig, consensus_profile.server)
     assert path is not None
-    from consensus_testkit.control import attach  # noqa: PLC0415 - needs the test kit's dependencies
-
     return attach(Path(path))
 
 
@@ -360,8 +355,6 @@ def consensus_cluster(
 ) -> Iterator[ClusterHandle]:
     """The tested cluster (per node: kill, pause, resume, restart, isolate; which node leads); every
     node running, healed and the cluster serving again after the test. Fails when there is none."""
-    from consensus_testkit.cluster import ClusterHandle  # noqa: PLC0415 - needs the testing extra
-
     if not isinstance(consensus_controlled_server, ClusterHandle):
         pytest.fail(
             "this test needs a controlled cluster, the control file is a single server's: run under "

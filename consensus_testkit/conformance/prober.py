@@ -31,8 +31,8 @@ class Call:
 
 #: A prober's calls, one of each per cycle.
 PROBE_CALLS = frozenset({"put", "fetch", "keys", "membership", "leadership"})
-#: Calls a prober must have had in progress during the fault: it was alive and calling.
-MIN_CALLS_DURING = 1
+#: The pause between two cycles of calls.
+CYCLE_PAUSE = 0.05
 
 
 class Prober:
@@ -44,8 +44,10 @@ class Prober:
     ``finish`` waits until every kind of call succeeded after the fault, stops
     the thread and asserts that it never raised anything but a
     ``ConsensusError`` (else: its traceback), that no call blocked longer than
-    ``request_timeout + CALL_SLACK`` and that at least ``MIN_CALLS_DURING``
-    calls were in progress during the fault.
+    ``request_timeout + CALL_SLACK`` and that it kept calling through the
+    fault: no call may last longer than that limit, so a fault of ``d`` seconds
+    saw at least ``1 + d // (limit + CYCLE_PAUSE)`` calls in progress
+    (``expected_calls``).
     """
 
     def __init__(self, session: Session, namespace: str, group: str, service: str) -> None:
@@ -124,7 +126,7 @@ class Prober:
             self._timed("membership", lambda: self.session.group(self._group).membership())
             self._timed("leadership", lambda: self.session.election(self._service).leadership())
             index += 1
-            self._stop.wait(0.05)
+            self._stop.wait(CYCLE_PAUSE)
 
     def _timed(self, name: str, call: Callable[[], Any]) -> Any:
         if self._stop.is_set():
@@ -159,10 +161,17 @@ class Prober:
         ended = self.fault[1]
         return {call.name for call in list(self.calls) if call.started >= ended and call.outcome == "ok"}
 
+    def expected_calls(self) -> int:
+        """How many calls must have been in progress during the fault, at the least, if the prober kept
+        calling: one call, and one more for each full ``request_timeout + CALL_SLACK`` (the longest a
+        call may block) plus the pause between cycles that the fault lasted."""
+        begun, ended = self.fault
+        return 1 + int((ended - begun) // (self.limit + CYCLE_PAUSE))
+
     def finish(self, bound: float) -> None:
         """Wait (at most ``bound``) until every kind of call succeeded after the fault, stop, and assert
-        that the thread never raised, no call blocked too long and ``MIN_CALLS_DURING`` calls ran
-        during the fault."""
+        that the thread never raised, no call blocked too long and the prober kept calling through the
+        fault (``expected_calls``)."""
         deadline = time.monotonic() + bound
         while self.succeeded_after() != PROBE_CALLS and self._thread.is_alive():
             assert time.monotonic() < deadline, (
@@ -173,8 +182,10 @@ class Prober:
         self.stop()
         self.check()
         during = self.during()
-        assert len(during) >= MIN_CALLS_DURING, (
-            f"{len(during)} prober calls ran during the fault, fewer than {MIN_CALLS_DURING}: "
+        expected = self.expected_calls()
+        assert len(during) >= expected, (
+            f"{len(during)} prober calls ran during the fault of {self.fault[1] - self.fault[0]:.1f}s, fewer "
+            f"than {expected}: "
             f"the prober was not calling; its calls: {self.calls[-8:]}"
         )
 

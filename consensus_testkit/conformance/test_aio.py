@@ -1,10 +1,11 @@
 """The contract through ``consensus_api.aio``: awaitables, event streams and async handlers.
 
-Every test runs its own event loop (``asyncio.run``) in debug mode and fails
-if asyncio reports a task step that held the loop over ``SLOW_STEP`` (less the
-time the process waited for a CPU, ``StepWatch``): no call of the async API
-blocks the event loop. (Only task steps count: the loop's own
-bookkeeping callbacks can be late when other threads hold the GIL.)
+Every test that runs aio code in this process runs its own event loop
+(``asyncio.run``) in debug mode and fails if asyncio reports a task step that
+held the loop over ``SLOW_STEP`` (less the time the process waited for a CPU,
+``StepWatch``): no call of the async API blocks the event loop. (Only task
+steps count: the loop's own bookkeeping callbacks can be late when other
+threads hold the GIL.) A paused aio lock holder: ``test_aio_locks.py``.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from consensus_api import (
     KeyNotFoundError,
     KeySetChanged,
     LeaderChanged,
+    Lease,
+    MemberExistsError,
     SessionState,
     ValueChanged,
     VersionConflictError,
     Versioned,
     aio,
 )
-from consensus_testkit.conformance.helpers import EVENT_TIMEOUT
+from consensus_testkit.conformance.helpers import EVENT_TIMEOUT, unique
 from consensus_testkit.conformance.loop_watch import StepWatch
 
 T = TypeVar("T")
@@ -42,6 +45,8 @@ REBALANCE = 4.0
 #: suites, plain wall time flagged steps of 0.10-0.15 s in 3 runs of 7; with the correction a 0.1 s
 #: bound still flagged one 0.11 s step in 42 runs (GIL waits behind threads the sampler missed).
 SLOW_STEP = 0.2
+#: Long enough for a waiter to queue for a lock (and for a lock granted too early to show).
+ARRIVAL_GAP = 1.0
 
 
 def blocked_steps(records: list[logging.LogRecord]) -> list[str]:
@@ -265,7 +270,91 @@ def test_aio_coordinator_async_handlers(run_async: Any, consensus_ns: str) -> No
                 assert asyncio.get_running_loop().time() < deadline, generations
                 await asyncio.sleep(0.2)
             assert [h.assignment for h in handlers] == [m.member_id().encode() for m in members]
+            described = await second.describe_group(group)
+            assert {member.member_id for member in described.members} == {m.member_id() for m in members}
             for member in members:
                 await member.close()
+
+    run_async(main)
+
+
+async def _held(lock: aio.AsyncLock) -> Lease:
+    lease = await lock.acquire(timeout=EVENT_TIMEOUT)
+    assert lease is not None, f"{lock!r} not acquired within {EVENT_TIMEOUT}s"
+    return lease
+
+
+def test_aio_lock_excludes_until_released_with_rising_tokens(run_async: Any, consensus_ns: str) -> None:
+    """While one session holds a lock another cannot take it; a waiter queued meanwhile gets it at the
+    release with a higher token; writes fenced by the old lease then fail."""
+    name, key = unique("ct-aio-lock"), f"{consensus_ns}/k"
+
+    async def main(open_session: Any) -> None:
+        async with open_session() as first, open_session() as second:
+            holder, waiter = first.lock(name), second.lock(name)
+            lease = await _held(holder)
+            assert holder.held and holder.lease == lease and (lease.name, lease.shared) == (name, False)
+            assert await waiter.acquire(blocking=False) is None
+            waiting = asyncio.create_task(waiter.acquire(timeout=EVENT_TIMEOUT))
+            await asyncio.sleep(ARRIVAL_GAP)
+            assert not waiting.done(), "a lock was granted while another session held it"
+            version = await first.storage.put(key, b"first", fence=lease)
+            await holder.release()
+            assert not holder.held and holder.lease is None
+            taken = await asyncio.wait_for(waiting, EVENT_TIMEOUT)
+            assert taken is not None and taken.token > lease.token
+            version = await second.storage.update(key, b"second", version=version, fence=taken)
+            with pytest.raises(FencedError):
+                await first.storage.update(key, b"stale", fence=lease)
+            assert await first.storage.fetch(key) == Versioned(b"second", version)
+            await waiter.release()
+
+    run_async(main)
+
+
+def test_aio_lock_shared_holders_and_async_with(run_async: Any) -> None:
+    """Two shared holders hold at once and exclude an exclusive acquirer; once both released, ``async
+    with`` holds it exclusively (a higher token, no shared holder meanwhile) and releases on exit."""
+    name = unique("ct-aio-lock")
+
+    async def main(open_session: Any) -> None:
+        async with open_session() as first, open_session() as second:
+            readers = [first.lock(name, shared=True), second.lock(name, shared=True)]
+            shared = [await _held(reader) for reader in readers]
+            assert all(lease.shared for lease in shared) and shared[0].token < shared[1].token
+            writer = first.lock(name)
+            assert await writer.acquire(timeout=ARRIVAL_GAP) is None
+            for reader in readers:
+                await reader.release()
+            async with writer as exclusive:
+                assert not exclusive.shared and exclusive.token > shared[1].token
+                assert writer.held
+                assert await second.lock(name, shared=True).acquire(blocking=False) is None
+            assert not writer.held
+            assert await _held(readers[1]) is not None
+
+    run_async(main)
+
+
+def test_aio_cancelled_lock_acquire_never_leaves_it_held(run_async: Any) -> None:
+    """An acquire cancelled while it waits in line goes on waiting (its lock object is still acquiring)
+    and gives back the lease it gets: after the holder's release the next session takes the lock."""
+    name = unique("ct-aio-lock")
+
+    async def main(open_session: Any) -> None:
+        async with open_session() as first, open_session() as second, open_session() as third:
+            holder, cancelled = first.lock(name), second.lock(name)
+            lease = await _held(holder)
+            waiting = asyncio.create_task(cancelled.acquire())
+            await asyncio.sleep(ARRIVAL_GAP)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            with pytest.raises(MemberExistsError):
+                await cancelled.acquire(blocking=False)
+            await holder.release()
+            after = await _held(third.lock(name))
+            assert after.token > lease.token
+            assert not cancelled.held
 
     run_async(main)

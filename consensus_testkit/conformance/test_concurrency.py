@@ -1,4 +1,7 @@
-"""Concurrency: racing creates and CAS loops from threads and processes (docs/spec.md sections 4, 6, 7)."""
+"""Concurrency: racing creates and CAS loops from threads and processes.
+
+Contract: sections 4, 6, 7 of <https://consensus-api.github.io/consensus-api/spec/>
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""docs/spec.md section 8: the Coordinator (KIP-795) and incremental (KIP-848) rebalancing."""
+"""The Coordinator (KIP-795) and incremental (KIP-848) rebalancing.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""docs/spec.md section 8: ``session.describe_group`` (``consensus group describe``)."""
+"""``session.describe_group`` (``consensus group describe``).
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""docs/spec.md section 8 under faults: the coordinating member SIGKILLed mid-rebalance, a member paused past
+"""The Coordinator under faults: the coordinating member SIGKILLed mid-rebalance, a member paused past
 ``rebalance_timeout``, the server restarted during a rebalance. Each ends with every resource owned
-by exactly one member, none ever owned by two live members at once."""
+by exactly one member, none ever owned by two live members at once.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>
+"""
 
 from __future__ import annotations
 

@@ -1,15 +1,25 @@
-"""docs/spec.md section 8: the incremental coordinator's static membership and subscription changes."""
+"""The incremental coordinator's static membership and subscription changes.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>
+"""
 
 from __future__ import annotations
 
-import time
+import contextlib
 
 import pytest
 
-from consensus_api import FencedError, IncrementalCoordinator
+from consensus_api import FencedError, IncrementalCoordinator, OperationTimeoutError
 from consensus_testkit.conformance.coordination import Ledger
-from consensus_testkit.conformance.helpers import SessionFactory, unique, wait_until
+from consensus_testkit.conformance.helpers import (
+    SessionFactory,
+    fires_within,
+    stays_quiet,
+    unique,
+    wait_until,
+)
 from consensus_testkit.conformance.test_coordinator import REBALANCE, SETTLE
+from consensus_testkit.conformance.test_coordinator_static import QUIET
 from consensus_testkit.conformance.test_coordinator_upgrade import SIX
 from consensus_testkit.faults import expire_session
 
@@ -19,7 +29,8 @@ class _Group:
         self.name, self.ledger = unique("ct-inc"), Ledger()
         self._open_session = open_session
 
-    def join(self, name: str, instance: str | None = None) -> IncrementalCoordinator:
+    def join(self, name: str, instance: str | None = None, *, wait: bool = True) -> IncrementalCoordinator:
+        """``name`` joins (as the static ``instance`` if given); ``wait``: until it takes part."""
         coordinator = self._open_session().incremental_coordinator(
             self.name,
             SIX,
@@ -27,7 +38,11 @@ class _Group:
             rebalance_timeout=REBALANCE,
             group_instance_id=instance,
         )
-        coordinator.ensure_active_group(SETTLE)
+        if wait:
+            coordinator.ensure_active_group(SETTLE)
+        else:
+            with contextlib.suppress(OperationTimeoutError):
+                coordinator.ensure_active_group(0.05)
         return coordinator
 
     def wait_shared(self, members: list[str], what: str) -> None:
@@ -47,9 +62,13 @@ def test_incremental_static_member_restart_disturbs_nobody(consensus_open_sessio
     first.close()
     group.join("s", "instance-1")
     wait_until(lambda: group.ledger.snapshot()["s"] == held, SETTLE, what="s owns its resources again")
-    time.sleep(1.0)
-    assert group.ledger.callbacks("a", mark) == []
+    stays_quiet(lambda: group.ledger.callbacks("a", mark), QUIET, what="the other member saw callbacks")
     assert group.ledger.double_owned() == []
+    mark = group.ledger.mark()
+    group.join("c", wait=False)
+    fires_within(
+        lambda: group.ledger.callbacks("a", mark), QUIET, what="a joining member moves a's resources"
+    )
 
 
 def test_incremental_second_member_of_an_instance_fences_the_first(
@@ -77,6 +96,7 @@ def test_incremental_update_resources_moves_one_epoch(consensus_open_session: Se
     before = max(a.epoch() or 0, b.epoch() or 0)
     kept = frozenset(sorted(group.ledger.snapshot()["b"])[:1])
     b.update_resources(kept)
+    fires_within(lambda: (a.epoch() or 0) > before, QUIET, what="update_resources starts a new epoch")
     wait_until(
         lambda: group.ledger.snapshot() == {"a": SIX - kept, "b": kept},
         SETTLE,
@@ -84,7 +104,11 @@ def test_incremental_update_resources_moves_one_epoch(consensus_open_session: Se
         observe=group.ledger.snapshot,
     )
     wait_until(lambda: a.epoch() == b.epoch() == before + 1, SETTLE, what="one new epoch")
-    time.sleep(1.0)
+    stays_quiet(
+        lambda: [e for e in (a.epoch(), b.epoch()) if (e or 0) > before + 1],
+        QUIET,
+        what="a second epoch followed",
+    )
     assert a.epoch() == b.epoch() == before + 1
     assert group.ledger.double_owned() == []
 

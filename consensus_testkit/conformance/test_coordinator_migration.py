@@ -1,5 +1,8 @@
-"""docs/spec.md section 8: online migration of a resource group between the classic protocol and the
-incremental one (and back), by rolling restarts, one member at a time."""
+"""Online migration of a resource group between the classic protocol and the
+incremental one (and back), by rolling restarts, one member at a time.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>
+"""
 
 from __future__ import annotations
 

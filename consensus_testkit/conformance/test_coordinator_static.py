@@ -1,4 +1,7 @@
-"""docs/spec.md section 8: static membership (KIP-345) and changing metadata."""
+"""Static membership (KIP-345) and changing metadata.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,13 @@ import pytest
 
 from consensus_api import Coordinator, FencedError, Generation, OperationTimeoutError, ResourceHandler
 from consensus_testkit.conformance.coordination import Ledger, RecordingHandler
-from consensus_testkit.conformance.helpers import SessionFactory, unique, wait_until
+from consensus_testkit.conformance.helpers import (
+    SessionFactory,
+    fires_within,
+    stays_quiet,
+    unique,
+    wait_until,
+)
 from consensus_testkit.conformance.test_coordinator import (
     REBALANCE,
     SETTLE,
@@ -19,6 +28,19 @@ from consensus_testkit.conformance.test_coordinator import (
     _wait_settled,
 )
 from consensus_testkit.conformance.test_coordinator_upgrade import SIX
+
+#: How long a negative check waits for a rebalance that must not come: a member learns of a
+#: rebalance within rebalance_timeout (it must rejoin by then), and each test shows with a positive
+#: control that the same observation fires within this window when a rebalance does come.
+QUIET = REBALANCE
+
+
+def _join_in_background(open_session: SessionFactory, group: str) -> Coordinator:
+    """A plain member that starts joining ``group`` (a rebalance) without waiting for it to settle."""
+    joiner = open_session().coordinator(group, "test", RecordingHandler(), rebalance_timeout=REBALANCE)
+    with contextlib.suppress(OperationTimeoutError):
+        joiner.ensure_active_group(0.05)
+    return joiner
 
 
 def _static(open_session: SessionFactory, group: str, instance: str) -> tuple[Coordinator, RecordingHandler]:
@@ -52,9 +74,12 @@ def test_static_member_restart_gets_its_assignment_back_without_a_rebalance(
     assert _last_assignment(second[1]) == held
     assert second[0].generation().generation_id == before.generation_id
     assert second[1].named("prepare")[0].args == (-1, "")
-    time.sleep(1.0)
-    assert members[0][1].calls.events[mark:] == [], "the other member was disturbed"
+    other = members[0][1]
+    stays_quiet(lambda: other.calls.events[mark:], QUIET, what="the other member was disturbed")
     assert _wait_settled([*members, second], before.generation_id - 1) == members[0][0].generation()
+    mark = len(other.calls)
+    _join_in_background(consensus_open_session, group)
+    fires_within(lambda: other.calls.events[mark:], QUIET, what="a joining member disturbs the other member")
 
 
 def test_second_live_member_with_the_instance_id_fences_the_first(
@@ -99,14 +124,18 @@ def test_update_metadata_rebalances_exactly_once(consensus_open_session: Session
     members = _members(consensus_open_session, unique("ct-meta"), 2)
     before = _wait_settled(members)
     coordinator, handler = members[1]
+
+    def completed_after(generation: int) -> list[list[int]]:
+        return [done for _, h in members if (done := _completes_after(h, generation))]
+
     coordinator.update_metadata()
-    time.sleep(1.0)
-    assert all(_completes_after(h, before.generation_id) == [] for _, h in members)
+    stays_quiet(lambda: completed_after(before.generation_id), QUIET, what="unchanged metadata rebalanced")
     handler.protocols = [("p1", b"changed")]
     coordinator.update_metadata()
+    fires_within(lambda: completed_after(before.generation_id), QUIET, what="new metadata rebalances")
     after = _wait_settled(members, before.generation_id)
     assert _leader_view(members, after.generation_id)[coordinator.member_id()] == b"changed"
-    time.sleep(1.0)
+    stays_quiet(lambda: completed_after(after.generation_id), QUIET, what="a second rebalance followed")
     assert all(_completes_after(h, before.generation_id) == [after.generation_id] for _, h in members)
 
 
@@ -121,15 +150,20 @@ def test_update_resources_rebalances_exactly_once(consensus_open_session: Sessio
         coordinators[name].ensure_active_group(SETTLE)
     wait_until(lambda: ledger.balanced(["a", "b"], SIX), SETTLE, what="a and b share 6")
     before = [coordinators[name].generation().generation_id for name in ("a", "b")]
+
+    def newer_than(generation: int) -> list[int]:
+        return [g for name in ("a", "b") if (g := coordinators[name].generation().generation_id) > generation]
+
     kept = frozenset(sorted(ledger.snapshot()["b"])[:1])
     handlers["b"].update_resources(kept)
+    fires_within(lambda: newer_than(max(before)), QUIET, what="update_resources rebalances")
     wait_until(
         lambda: ledger.snapshot() == {"a": SIX - kept, "b": kept},
         SETTLE,
         what="b keeps only its one subscribed resource",
         observe=ledger.snapshot,
     )
-    time.sleep(1.0)
+    stays_quiet(lambda: newer_than(max(before) + 1), QUIET, what="a second rebalance followed")
     after = [coordinators[name].generation().generation_id for name in ("a", "b")]
     assert after[0] == after[1] == max(before) + 1, (before, after)
     assert ledger.double_owned() == []

@@ -1,4 +1,7 @@
-"""docs/spec.md section 8: rolling upgrades of resource groups (KIP-429), eager to cooperative."""
+"""Rolling upgrades of resource groups (KIP-429), eager to cooperative.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>
+"""
 
 from __future__ import annotations
 

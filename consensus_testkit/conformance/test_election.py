@@ -1,4 +1,7 @@
-"""docs/spec.md section 7: leader election, terms and fenced writes."""
+"""Leader election, terms and fenced writes.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#7-leaderelection-kip-30-leaderelectionclient>
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Errors (docs/spec.md sections 2, 4, 9): bad input, bad URLs and options, unreachable backends, secrets."""
+"""Errors: bad input, bad URLs and options, unreachable backends, secrets.
+
+Contract: sections 2, 4, 9 of <https://consensus-api.github.io/consensus-api/spec/>
+"""
 
 from __future__ import annotations
 
@@ -230,7 +233,8 @@ def test_non_callable_listener_raises_type_error(
 
 
 def test_errors_are_exported_and_derive_from_consensus_error() -> None:
-    """Every error docs/spec.md names is importable from consensus_api and is a ConsensusError."""
+    """Every error the contract names is importable from consensus_api and is a ConsensusError
+    (<https://consensus-api.github.io/consensus-api/spec/#9-errors>)."""
     for name in SPEC_ERRORS:
         error = getattr(consensus_api, name)
         assert issubclass(error, ConsensusError), name
@@ -284,7 +288,8 @@ def test_unknown_option_raises_configuration_error(consensus_url: str) -> None:
         ("connect_timeout", 0),
         ("request_timeout", "inf"),
         ("auto_rejoin", "maybe"),
-        # Outside the documented ranges (docs/spec.md section 2): each once broke a thread or a wait.
+        # Outside the documented ranges (<https://consensus-api.github.io/consensus-api/spec/#2-connecting>):
+        # each once broke a thread or a wait.
         ("session_timeout", 1e12),
         ("session_timeout", 0.1),
         ("session_timeout", "nan"),

@@ -1,5 +1,8 @@
-"""Errors (docs/spec.md sections 4, 8): versions, fences and coordinator timeouts out of range are refused
-before the backend is called."""
+"""Errors: versions, fences and coordinator timeouts out of range are refused
+before the backend is called.
+
+Contract: sections 4, 8 of <https://consensus-api.github.io/consensus-api/spec/>
+"""
 
 from __future__ import annotations
 

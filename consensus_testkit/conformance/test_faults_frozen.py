@@ -1,10 +1,10 @@
 """Faults: a leader frozen (SIGSTOP) in the middle of a fenced write.
 
 The child stops itself while the write is in progress (``worker._freeze_in_write``):
-on SQL backends the backend's test hook stops it inside the write's transaction,
-after its statements and before its commit, holding its locks; elsewhere while
-its request is in flight. So the freeze lands inside the write every time, not
-1 run in 20. Bounds as in ``test_faults`` (``faults_support``); what the tests
+on SQL backends the test kit's ``TestProfile.stop_inside_write`` stops it inside
+the write's transaction, after its statements and before its commit, holding
+its locks; elsewhere while its request is in flight. So the freeze lands inside
+the write every time, not 1 run in 20. Bounds as in ``test_faults`` (``faults_support``); what the tests
 measure is summarised in docs/guarantees.md ("client frozen mid-transaction").
 """
 

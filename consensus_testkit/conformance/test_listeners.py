@@ -1,4 +1,7 @@
-"""docs/spec.md section 5: value and key-set listeners and their four delivery rules."""
+"""Value and key-set listeners and their four delivery rules.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#5-listenerregistry-kip-30-listenerregistry>
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""docs/spec.md section 7a: fenced locks - exclusion, tokens, shared holders, fairness, timeouts, faults."""
+"""Fenced locks - exclusion, tokens, shared holders, fairness, timeouts, faults.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#7a-locks>
+"""
 
 from __future__ import annotations
 
@@ -28,7 +31,13 @@ from consensus_testkit.conformance.faults_support import (
     Record,
     loss_bound,
 )
-from consensus_testkit.conformance.helpers import EVENT_TIMEOUT, SessionFactory, unique
+from consensus_testkit.conformance.helpers import (
+    EVENT_TIMEOUT,
+    SessionFactory,
+    fires_within,
+    stays_quiet,
+    unique,
+)
 from consensus_testkit.conformance.lock_worker import LockWorker
 
 LockWorkerFactory = Callable[..., LockWorker]
@@ -141,19 +150,26 @@ def test_shared_holders_exclude_only_exclusive_ones_fairly(consensus_open_sessio
     first, second = _held(readers[0]), _held(readers[1])
     assert first.shared and second.shared and first.token < second.token
     writer = _Acquirer(consensus_open_session().lock(name))
-    time.sleep(ARRIVAL_GAP)
-    assert not writer.done.is_set(), "an exclusive lock was granted while shared holders held it"
+    stays_quiet(
+        writer.done.is_set, ARRIVAL_GAP, what="an exclusive lock was granted while shared holders held it"
+    )
     assert readers[2].acquire(timeout=ARRIVAL_GAP) is None, "a shared waiter overtook a waiting exclusive one"
     late_reader = _Acquirer(readers[2])
     readers[0].release()
-    time.sleep(ARRIVAL_GAP)
-    assert not writer.done.is_set(), "an exclusive lock was granted while a shared holder held it"
+    stays_quiet(
+        writer.done.is_set, ARRIVAL_GAP, what="an exclusive lock was granted while a shared holder held it"
+    )
     readers[1].release()
+    fires_within(writer.done.is_set, ARRIVAL_GAP, what="the exclusive waiter is granted at the last release")
     exclusive = writer.result()
     assert exclusive is not None and exclusive.token > second.token
-    time.sleep(ARRIVAL_GAP)
-    assert not late_reader.done.is_set(), "a shared lock was granted while an exclusive holder held it"
+    stays_quiet(
+        late_reader.done.is_set,
+        ARRIVAL_GAP,
+        what="a shared lock was granted while an exclusive holder held it",
+    )
     writer.lock.release()
+    fires_within(late_reader.done.is_set, ARRIVAL_GAP, what="the shared waiter is granted at the release")
     shared = late_reader.result()
     assert shared is not None and shared.token > exclusive.token
 

@@ -1,4 +1,7 @@
-"""docs/spec.md section 6: group membership with ephemeral members."""
+"""Group membership with ephemeral members.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#6-groupmembership-kip-30-groupmembershipclient>
+"""
 
 from __future__ import annotations
 

@@ -1,16 +1,19 @@
-"""Security: TLS and passwords against a secured server (docs/spec.md sections 2 and 10).
+"""Security: TLS and passwords against a secured server.
+
+Contract: sections 2 and 10 of <https://consensus-api.github.io/consensus-api/spec/>
 
 Runs against a URL that names a user, a password and TLS with a ``tls_ca``
 whose directory also holds the bad certificates of
 ``consensus_testkit.certificates`` (``consensus servers run NAME --secure``
 makes one): the contract works over TLS with authentication (the other sections
-run over it too); a wrong password, an unknown CA, a certificate for another
-host name and an expired one each fail at connect with a ``ConsensusError``
-that names the cause, within ``connect_timeout`` (a refused password at once:
-never retried); the user cannot use the prefix ``/elsewhere``; and the password
-shows up in no exception, log record (DEBUG included), repr, CLI output or
-child command line. Against a URL without TLS and a password, every test fails
-saying so.
+run over it too), with the credentials in the URL or given as options; a wrong
+password, an unknown CA, a certificate for another host name and an expired one
+each fail at connect with a ``ConsensusError`` that names the cause, within
+``connect_timeout`` (a refused password at once: never retried); the server
+refuses the user the prefix ``/elsewhere`` (``PermissionDeniedError``) while the
+same calls succeed in its own; and the password shows up in no exception, log
+record (DEBUG included), repr, CLI output or child command line. Against a URL
+without TLS and a password, every test fails saying so.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -89,6 +92,22 @@ def test_contract_works_over_tls_with_authentication(
         assert session.election(f"{consensus_ns}-e").nominate("c") is not None
 
 
+def test_credentials_given_as_options_are_used(
+    secured: tuple[BackendURL, dict[str, str], Path], consensus_ns: str
+) -> None:
+    """``username`` and ``password`` as options log in as the URL's userinfo does; a wrong password given
+    so is refused as one in the URL is."""
+    url, options, _ = secured
+    bare = replace(url, username=None, password=None)
+    credentials = {"username": url.username, "password": url.password}
+    with _connect(bare, {**options, **credentials}) as session:
+        session.storage.put(f"{consensus_ns}/k", b"as options")
+        assert session.storage.fetch(f"{consensus_ns}/k") is not None
+    wrong = {**credentials, "password": "wrong-" + "0" * 10}
+    error = _refused(bare, {**options, **wrong}, "authentication", "auth", "refused access")
+    assert isinstance(error, consensus_api.ConfigurationError)
+
+
 def test_wrong_password_fails_at_once_naming_authentication(
     secured: tuple[BackendURL, dict[str, str], Path],
 ) -> None:
@@ -120,12 +139,25 @@ def test_bad_server_certificate_fails_before_anything_is_sent(
 def test_user_cannot_use_another_prefix(
     secured: tuple[BackendURL, dict[str, str], Path], consensus_ns: str
 ) -> None:
-    """The server confines the user to its own prefix: ``/elsewhere`` is refused, reads and writes alike."""
+    """The server confines the user to its own prefix: a read and a write below ``/elsewhere`` are each
+    refused for lack of permission (``PermissionDeniedError``, at connect or at the call), while the
+    same calls in the user's own prefix succeed."""
     url, options, _ = secured
-    with pytest.raises(ConsensusError):
-        elsewhere = replace(url, path="/elsewhere")
-        with _connect(elsewhere, {**options, "connect_timeout": CONNECT_TIMEOUT}) as session:
-            session.storage.put(f"{consensus_ns}/k", b"must not land")
+    key = f"{consensus_ns}/k"
+    calls: list[Callable[[consensus_api.Session], object]] = [
+        lambda session: session.storage.put(key, b"must not land"),
+        lambda session: session.storage.fetch(key),
+    ]
+    with _connect(url, options) as session:
+        for call in calls:
+            call(session)
+    elsewhere = replace(url, path="/elsewhere")
+    for call in calls:
+        with (
+            pytest.raises(consensus_api.PermissionDeniedError),
+            _connect(elsewhere, {**options, "connect_timeout": CONNECT_TIMEOUT}) as session,
+        ):
+            call(session)
 
 
 def test_credentials_without_tls_log_one_warning(

@@ -1,4 +1,7 @@
-"""docs/spec.md section 3: sessions, their states, and loss and re-join of ephemeral state."""
+"""Sessions, their states, and loss and re-join of ephemeral state.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#3-session>
+"""
 
 from __future__ import annotations
 
@@ -160,7 +163,7 @@ def test_paused_member_is_dropped_then_rejoins(
 
     # The child must learn it no longer leads before it is CONNECTED again: by LeaderChanged(None) when
     # the loss is reported first, or by the new leader's LeaderChanged when a watch fires first
-    # (docs/spec.md section 7).
+    # (<https://consensus-api.github.io/consensus-api/spec/#7-leaderelection-kip-30-leaderelectionclient>).
     told, line = child.expect("LEADER", bound, since=mark)
     assert not line.startswith("LEADER c-child "), f"after the loss the child still reports {line!r}"
     lost, _ = child.expect("STATE LOST", bound, since=mark)

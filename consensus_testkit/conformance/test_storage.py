@@ -1,4 +1,7 @@
-"""docs/spec.md section 4: versioned, linearizable key-value storage."""
+"""Versioned, linearizable key-value storage.
+
+Contract: <https://consensus-api.github.io/consensus-api/spec/#4-storage-kip-30-storage>
+"""
 
 from __future__ import annotations
 

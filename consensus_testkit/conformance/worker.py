@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import signal
 import sqlite3
 import sys
@@ -62,6 +61,7 @@ from consensus_api import (
     VersionConflictError,
     connect,
 )
+from consensus_api.children import Parent, say
 from consensus_api.config import parse_url
 from consensus_api.session import Session
 from consensus_testkit.conformance.child import ChildProcess, child_parser, child_start
@@ -69,84 +69,44 @@ from consensus_testkit.conformance.helpers import EVENT_TIMEOUT
 from consensus_testkit.conformance.prober import Prober
 from consensus_testkit.profile import profile_for
 
-_print_lock = threading.Lock()
-
-#: Test hook of the SQL backend: its next fenced write stops this process inside its transaction.
-STOP_IN_FENCED_WRITE = "CONSENSUS_TEST_STOP_IN_FENCED_WRITE"
-#: Elsewhere, how long after a write began the process stops itself (its request is then in flight),
-#: and how many writes it tries before giving up (one that finished sooner is not frozen).
+#: Without the profile's ``stop_inside_write``: how long after a write began the process stops
+#: itself (its request is then in flight), and how many writes it tries before giving up (one that
+#: finished sooner is not frozen).
 IN_FLIGHT = 0.0002
 FREEZE_ATTEMPTS = 50
 
 
-def emit(*parts: object) -> None:
-    """Write one report line to the parent."""
-    line = " ".join(str(part).replace("\n", " ") for part in parts)
-    with _print_lock:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-
-
-class _Commands:
-    """Lines from stdin, read by a daemon thread; ``None`` once stdin closed or time ran out."""
-
-    def __init__(self, deadline: float) -> None:
-        self._deadline = deadline
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, name="worker-stdin", daemon=True).start()
-
-    def _read(self) -> None:
-        for line in sys.stdin:
-            self._lines.put(line.strip())
-        self._lines.put(None)
-
-    def next(self) -> str | None:
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        try:
-            return self._lines.get(timeout=remaining)
-        except queue.Empty:
-            return None
-
-    def wait_go(self) -> bool:
-        while (line := self.next()) is not None:
-            if line == "GO":
-                return True
-        return False
-
-
-def _run_put(session: Session, commands: _Commands, key: str) -> int:
-    emit("READY")
-    if not commands.wait_go():
-        emit("RESULT error Timeout no GO")
+def _run_put(session: Session, parent: Parent, key: str) -> int:
+    say("READY")
+    if not parent.wait_for("GO"):
+        say("RESULT error Timeout no GO")
         return 2
     try:
         version = session.storage.put(key, str(os.getpid()).encode())
     except KeyExistsError:
-        emit("RESULT exists")
+        say("RESULT exists")
     except ConsensusError as exc:
-        emit("RESULT error", type(exc).__name__, exc)
+        say("RESULT error", type(exc).__name__, exc)
     else:
-        emit("RESULT won", version)
+        say("RESULT won", version)
     return 0
 
 
-def _run_cas(session: Session, commands: _Commands, key: str, count: int, deadline: float) -> int:
-    emit("READY")
-    if not commands.wait_go():
-        emit("RESULT error Timeout no GO")
+def _run_cas(session: Session, parent: Parent, key: str, count: int) -> int:
+    say("READY")
+    if not parent.wait_for("GO"):
+        say("RESULT error Timeout no GO")
         return 2
     conflicts = 0
     try:
         for _ in range(count):
             while True:
-                if time.monotonic() > deadline:
-                    emit("RESULT error Timeout increments not done")
+                if time.monotonic() > parent.deadline:
+                    say("RESULT error Timeout increments not done")
                     return 2
                 current = session.storage.fetch(key)
                 if current is None:
-                    emit("RESULT error KeyNotFound the counter is missing")
+                    say("RESULT error KeyNotFound the counter is missing")
                     return 2
                 try:
                     session.storage.update(key, str(int(current.value) + 1).encode(), version=current.version)
@@ -154,22 +114,22 @@ def _run_cas(session: Session, commands: _Commands, key: str, count: int, deadli
                 except VersionConflictError:
                     conflicts += 1
     except ConsensusError as exc:
-        emit("RESULT error", type(exc).__name__, exc)
+        say("RESULT error", type(exc).__name__, exc)
         return 2
-    emit("RESULT done", conflicts)
+    say("RESULT done", conflicts)
     return 0
 
 
-def _run_hold(session: Session, commands: _Commands, args: argparse.Namespace) -> int:
+def _run_hold(session: Session, parent: Parent, args: argparse.Namespace) -> int:
     leading = threading.Event()
 
     def on_leader(event: LeaderChanged) -> None:
-        emit("LEADER", event.leader_id or "-", "-" if event.term is None else event.term)
+        say("LEADER", event.leader_id or "-", "-" if event.term is None else event.term)
         if event.leader_id == args.candidate:
             leading.set()
 
     def on_state(state: SessionState) -> None:
-        emit("STATE", state.name)
+        say("STATE", state.name)
 
     session.add_state_listener(on_state)
     election = session.election(args.service)
@@ -178,11 +138,11 @@ def _run_hold(session: Session, commands: _Commands, args: argparse.Namespace) -
     leads = election.nominate(args.candidate)
     held: Leadership | None = election.leadership() if leads else None
     if leads and not leading.wait(EVENT_TIMEOUT):
-        emit("ERROR Timeout the election listener never reported this candidate as leader")
+        say("ERROR Timeout the election listener never reported this candidate as leader")
         return 2
-    emit("READY", "leads" if leads else "follows", held.term if held else "-")
+    say("READY", "leads" if leads else "follows", held.term if held else "-")
     prober: Prober | None = None
-    while (line := commands.next()) is not None:
+    while (line := parent.next()) is not None:
         command, _, argument = line.partition(" ")
         if command == "EXIT":
             break
@@ -190,11 +150,11 @@ def _run_hold(session: Session, commands: _Commands, args: argparse.Namespace) -
             try:
                 version = session.storage.put(argument, b"fenced", fence=held)
             except FencedError:
-                emit("FENCED_PUT fenced")
+                say("FENCED_PUT fenced")
             except ConsensusError as exc:
-                emit("FENCED_PUT error", type(exc).__name__)
+                say("FENCED_PUT error", type(exc).__name__)
             else:
-                emit("FENCED_PUT ok", version)
+                say("FENCED_PUT ok", version)
         elif command == "FENCED":
             _fenced_write(session, held, *argument.split(" ", 1))
         elif command == "FREEZE_IN_WRITE":
@@ -206,29 +166,31 @@ def _run_hold(session: Session, commands: _Commands, args: argparse.Namespace) -
         elif command == "PROBE_FAULT" and prober is not None and argument == "ends":
             prober.fault_ends()
         elif command == "PROBE_STOP" and prober is not None:
-            emit("PROBED", _stop_probing(prober, float(argument)))
+            say("PROBED", _stop_probing(prober, float(argument)))
             prober = None
         else:
-            emit("ERROR unknown command", command)
+            say("ERROR unknown command", command)
     session.close()
-    emit("BYE")
+    say("BYE")
     return 0
 
 
 def _freeze_in_write(session: Session, held: Leadership | None, operation: str, key: str) -> None:
     """A fenced write during which this process stops (SIGSTOP) until the parent resumes it.
 
-    On SQL backends it stops inside the write's transaction, after its
-    statements and before its commit, holding its locks (the backend's test
-    hook). Elsewhere the write runs in a thread and the process stops
-    ``IN_FLIGHT`` seconds after the call began if it is still running (its
-    request in flight); a write that finished sooner is tried again, up to
-    ``FREEZE_ATTEMPTS`` times. Reported once resumed as ``FROZE <op> <outcome>
-    <seconds>`` (``FROZE <op> never-in-flight 0`` if no attempt was caught).
+    With the backend's ``TestProfile.stop_inside_write`` (SQL), armed here in
+    this process, it stops inside the write's transaction, after its statements
+    and before its commit, holding its locks. Otherwise the write runs in a
+    thread and the process stops ``IN_FLIGHT`` seconds after the call began if
+    it is still running (its request in flight); a write that finished sooner
+    is tried again, up to ``FREEZE_ATTEMPTS`` times. Reported once resumed as
+    ``FROZE <op> <outcome> <seconds>`` (``FROZE <op> never-in-flight 0`` if no
+    attempt was caught).
     """
-    if profile_for(session.url).stops_inside_write:
-        os.environ[STOP_IN_FENCED_WRITE] = "1"
-        emit("FROZE", operation, *fenced_outcome(session, held, operation, key))
+    stop_inside_write = profile_for(session.url).stop_inside_write
+    if stop_inside_write is not None:
+        stop_inside_write(key)
+        say("FROZE", operation, *fenced_outcome(session, held, operation, key))
         return
     limit = session.settings.request_timeout + EVENT_TIMEOUT
     for _ in range(FREEZE_ATTEMPTS):
@@ -245,9 +207,9 @@ def _freeze_in_write(session: Session, held: Leadership | None, operation: str, 
             os.kill(os.getpid(), signal.SIGSTOP)
         writer.join(limit)
         if stopped:
-            emit("FROZE", operation, *(ended[0] if ended else ("unfinished", "-")))
+            say("FROZE", operation, *(ended[0] if ended else ("unfinished", "-")))
             return
-    emit("FROZE", operation, "never-in-flight", 0)
+    say("FROZE", operation, "never-in-flight", 0)
 
 
 def _outcome_into(  # noqa: PLR0917
@@ -264,7 +226,7 @@ def _outcome_into(  # noqa: PLR0917
 
 
 def _fenced_write(session: Session, held: Leadership | None, operation: str, key: str) -> None:
-    emit("FENCED", operation, *fenced_outcome(session, held, operation, key))
+    say("FENCED", operation, *fenced_outcome(session, held, operation, key))
 
 
 def fenced_outcome(
@@ -304,7 +266,7 @@ def _stop_probing(prober: Prober, bound: float) -> str:
     return f"ok {len(prober.calls)} {prober.longest():.3f} {failures} {len(prober.during())}"
 
 
-def _run_sqlite_lock(url: str, commands: _Commands, hold: float, wipe: bool) -> int:
+def _run_sqlite_lock(url: str, hold: float, wipe: bool) -> int:
     """Hold SQLite's write lock (optionally with every row deleted, uncommitted) for ``hold`` seconds."""
     path = parse_url(url)[0].path[1:]
     connection = sqlite3.connect(path, timeout=30, isolation_level=None)
@@ -315,11 +277,11 @@ def _run_sqlite_lock(url: str, commands: _Commands, hold: float, wipe: bool) -> 
         ).fetchall()
         for (table,) in tables:
             connection.execute(f'DELETE FROM "{table}"')
-    emit("READY")
+    say("READY")
     time.sleep(hold)
     connection.execute("ROLLBACK")
     connection.close()
-    emit("DONE")
+    say("DONE")
     return 0
 
 
@@ -342,25 +304,23 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one worker command; the exit code is 0 when it completed."""
     args = _parser().parse_args(argv)
-    deadline = time.monotonic() + args.lifetime
-    options = child_start(args, grace=5)
+    parent, options = child_start(args, grace=5)
     url = os.environ.get("CONSENSUS_URL", "") if args.url == "-" else args.url
-    commands = _Commands(deadline)
     if args.command == "sqlite-lock":
-        return _run_sqlite_lock(url, commands, args.hold, args.wipe)
+        return _run_sqlite_lock(url, args.hold, args.wipe)
     try:
         session = connect(url, **options)
     except ConsensusError as exc:
-        emit("ERROR", type(exc).__name__, exc)
+        say("ERROR", type(exc).__name__, exc)
         return 1
     try:
         if args.command == "put":
-            return _run_put(session, commands, args.key)
+            return _run_put(session, parent, args.key)
         if args.command == "cas":
-            return _run_cas(session, commands, args.key, args.count, deadline)
-        return _run_hold(session, commands, args)
+            return _run_cas(session, parent, args.key, args.count)
+        return _run_hold(session, parent, args)
     except ConsensusError as exc:
-        emit("ERROR", type(exc).__name__, exc)
+        say("ERROR", type(exc).__name__, exc)
         return 1
     finally:
         session.close()

@@ -7,17 +7,19 @@ the password is never logged or shown.
 
 Guarantees, on top of the SPI's (``consensus_api.backend``):
 
-* Every write is one Lua script (``consensus_redis.scripts``), atomic on the
-  server: its conditions (existence, version, and for a fenced write the
-  election's term and leader) are checked in the same script that writes.
+* Every write is one Lua script (``consensus_redis.storage``; the scripts are
+  ``consensus_redis.scripts``), atomic on the server: its conditions (existence,
+  version, and for a fenced write the election's term and leader) are checked in
+  the same script that writes.
 * Versions come from one counter (``INCR``), so they strictly increase across
   updates, deletes and re-creates; reads go to the one server, so they are
   linearizable.
-* Members and candidates belong to the session key (``consensus_redis.lease``),
-  which Redis expires by its own clock; a dead session's entries are reaped
-  by the heartbeat of any live session and by every read of their group or
-  election. The earliest live candidate leads; each change of leader takes the
-  next value of the service's term counter, so a term has at most one leader.
+* Members and candidates (``consensus_redis.membership``, ``.election``) belong
+  to the session key (``consensus_redis.lease``), which Redis expires by its own
+  clock; a dead session's entries are reaped by the heartbeat of any live session
+  and by every read of their group or election. The earliest live candidate
+  leads; each change of leader takes the next value of the service's term
+  counter, so a term has at most one leader.
 * Listeners read a change stream (``consensus_redis.changes``), resumable by id.
 * Durability is the server's: with ``appendonly yes`` and ``appendfsync always``
   (the test launcher's configuration) an acknowledged write survives a crash of
@@ -30,7 +32,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from consensus_api.backend import Backend, BackendEvents, Target
 from consensus_api.config import BackendURL, OptionParser, Options, boolean
@@ -38,36 +40,22 @@ from consensus_api.errors import (
     BackendUnavailableError,
     ConfigurationError,
     ConsensusError,
-    FencedError,
-    KeyExistsError,
-    KeyNotFoundError,
-    MemberExistsError,
-    NotAMemberError,
     OperationTimeoutError,
-    SessionLostError,
-    VersionConflictError,
 )
-from consensus_api.keys import SEPARATOR
 from consensus_api.model import Leadership, SessionState, Versioned
-from consensus_redis import scripts
 from consensus_redis.changes import ChangeStream
-from consensus_redis.client import RedisClient, Script
+from consensus_redis.client import RedisClient
+from consensus_redis.election import Election
 from consensus_redis.layout import Layout
 from consensus_redis.lease import Lease
-
-#: Keys (with values) per page of ``walk``.
-WALK_PAGE = 256
-
-PUT, UPDATE, DELETE = Script(scripts.PUT), Script(scripts.UPDATE), Script(scripts.DELETE)
-WALK = Script(scripts.WALK_PAGE)
-JOIN, LEAVE, MEMBERSHIP = Script(scripts.JOIN), Script(scripts.LEAVE), Script(scripts.MEMBERSHIP)
-NOMINATE, RESIGN, LEADERSHIP = Script(scripts.NOMINATE), Script(scripts.RESIGN), Script(scripts.LEADERSHIP)
+from consensus_redis.membership import Membership
+from consensus_redis.storage import Storage
 
 
 class RedisBackend(Backend):
     """One session against a Redis server: a session key, Lua scripts and a change stream."""
 
-    #: ``tls`` enables the common security options (docs/spec.md section 2).
+    #: ``tls`` enables the common security options (<https://consensus-api.github.io/consensus-api/spec/#2-connecting>).
     options: ClassVar[Mapping[str, OptionParser]] = {"tls": boolean}
 
     def __init__(self, url: BackendURL, options: Options, events: BackendEvents) -> None:
@@ -79,6 +67,9 @@ class RedisBackend(Backend):
         self._client = RedisClient(url, options)
         self._lease = Lease(self._client, self._prefix, options.session_timeout, self._on_state)
         self._changes = ChangeStream(self._client, self._layout, events.changed, self._lease.check_now)
+        self._storage = Storage(self._client, self._layout)
+        self._membership = Membership(self._client, self._layout, self._lease)
+        self._election = Election(self._client, self._layout, self._lease)
         self._closed = False
         self._lock = threading.Lock()
 
@@ -116,78 +107,56 @@ class RedisBackend(Backend):
     # Storage
 
     def fetch(self, key: str) -> Versioned | None:
-        """The value and version of ``key`` (``HMGET`` on the one server: linearizable)."""
-        value, version = self._client.command("HMGET", self._layout.key("kv", key), "v", "n")
-        return None if version is None else Versioned(bytes(value), int(version))
+        """See ``Storage.fetch``."""
+        return self._storage.fetch(key)
 
     def put(self, key: str, value: bytes, fence: Leadership | None) -> int:
-        reply = self._write(PUT, fence, key, value)
-        if reply[0] == "exists":
-            raise KeyExistsError(f"key {key!r} already exists")
-        return int(reply[1])
+        """See ``Storage.put``."""
+        return self._storage.put(key, value, fence)
 
     def update(self, key: str, value: bytes, version: int | None, fence: Leadership | None) -> int:
-        reply = self._write(UPDATE, fence, key, value, "" if version is None else version)
-        self._raise_condition(reply, key, version)
-        return int(reply[1])
+        """See ``Storage.update``."""
+        return self._storage.update(key, value, version, fence)
 
     def delete(self, key: str, version: int | None, fence: Leadership | None) -> None:
-        reply = self._write(DELETE, fence, key, "" if version is None else version)
-        self._raise_condition(reply, key, version)
+        """See ``Storage.delete``."""
+        self._storage.delete(key, version, fence)
 
     def keys(self, namespace: str) -> frozenset[str]:
-        """The set of existing keys directly below ``namespace`` (kept by the write scripts)."""
-        members = self._client.command("SMEMBERS", self._layout.key("ns", namespace))
-        return frozenset(member.decode() for member in members)
+        """See ``Storage.keys``."""
+        return self._storage.keys(namespace)
 
     def walk(self, namespace: str) -> Iterator[tuple[str, Versioned]]:
-        """Pages of ``WALK_PAGE`` keys in key order, each read by one script (a linearizable read)."""
-        prefix = namespace + SEPARATOR if namespace else ""
-        after = ""
-        while True:
-            reply = self._client.run(WALK, self._prefix, prefix, after, WALK_PAGE, write=False)
-            rows = reply[2]
-            for i in range(0, len(rows), 3):
-                yield rows[i].decode(), Versioned(bytes(rows[i + 1]), int(rows[i + 2]))
-            if int(reply[1]) < WALK_PAGE or not rows:
-                return
-            after = rows[-3].decode()
+        """See ``Storage.walk``."""
+        return self._storage.walk(namespace)
 
     # Group membership
 
     def join(self, group: str, member_id: str, data: bytes) -> None:
-        reply = self._session_call(JOIN, group, member_id, data)
-        if reply[0] == "exists":
-            raise MemberExistsError(f"group {group!r} already has a live member {member_id!r}")
+        """See ``Membership.join``."""
+        self._membership.join(group, member_id, data)
 
     def leave(self, group: str, member_id: str) -> None:
-        reply = self._session_call(LEAVE, group, member_id)
-        if reply[0] == "other":
-            raise NotAMemberError(f"member {member_id!r} of group {group!r} is held by another session")
+        """See ``Membership.leave``."""
+        self._membership.leave(group, member_id)
 
     def membership(self, group: str) -> dict[str, bytes]:
-        reply = self._client.run(MEMBERSHIP, self._prefix, group)
-        pairs = reply[1]
-        return {pairs[i].decode(): bytes(pairs[i + 1]) for i in range(0, len(pairs), 2)}
+        """See ``Membership.membership``."""
+        return self._membership.membership(group)
 
     # Leader election
 
     def nominate(self, service: str, candidate_id: str) -> bool:
-        reply = self._session_call(NOMINATE, service, candidate_id)
-        if reply[0] == "exists":
-            raise MemberExistsError(f"service {service!r} already has a live candidate {candidate_id!r}")
-        return bool(reply[1])
+        """See ``Election.nominate``."""
+        return self._election.nominate(service, candidate_id)
 
     def resign(self, service: str, candidate_id: str) -> None:
-        reply = self._session_call(RESIGN, service, candidate_id)
-        if reply[0] == "other":
-            raise NotAMemberError(f"candidate {candidate_id!r} for {service!r} is held by another session")
+        """See ``Election.resign``."""
+        self._election.resign(service, candidate_id)
 
     def leadership(self, service: str) -> Leadership | None:
-        reply = self._client.run(LEADERSHIP, self._prefix, service)
-        if reply[0] == "missing":
-            return None
-        return Leadership(service, reply[1].decode(), int(reply[2]))
+        """See ``Election.leadership``."""
+        return self._election.leadership(service)
 
     # Watches
 
@@ -219,33 +188,6 @@ class RedisBackend(Backend):
         return identity
 
     # Helpers
-
-    def _write(self, script: Script, fence: Leadership | None, *args: Any) -> list[Any]:
-        """Run a storage script; ``FencedError`` if ``fence`` is not the current leadership."""
-        fencing: tuple[str, str, str | int] = ("", "", "")
-        if fence is not None:
-            if fence.term < 1:
-                raise FencedError(f"term {fence.term} of {fence.service!r} was never current")
-            fencing = (fence.service, fence.leader_id, fence.term)
-        reply = self._client.run(script, self._prefix, *fencing, *args)
-        if reply[0] == "fenced" and fence is not None:
-            raise FencedError(f"{fence.leader_id!r} no longer leads {fence.service!r} in term {fence.term}")
-        return reply
-
-    @staticmethod
-    def _raise_condition(reply: list[Any], key: str, version: int | None) -> None:
-        if reply[0] == "missing":
-            raise KeyNotFoundError(f"key {key!r} does not exist")
-        if reply[0] == "conflict":
-            raise VersionConflictError(f"key {key!r} is at version {int(reply[1])}, not {version}")
-
-    def _session_call(self, script: Script, *args: str | bytes) -> list[Any]:
-        """Run a membership or election script as this session; ``SessionLostError`` if it is gone."""
-        reply = self._client.run(script, self._prefix, self._lease.session_id, *args)
-        if reply[0] == "lost":
-            self._lease.check_now()
-            raise SessionLostError("this session has expired on the server; it is being re-established")
-        return reply
 
     def _on_state(self, state: SessionState) -> None:
         """From the heartbeat: report the state; after a loss, every watched target is re-read."""

@@ -24,13 +24,19 @@ from redis.connection import AbstractConnection
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
+    NoPermissionError,
     NoScriptError,
     ResponseError,
 )
 from redis.retry import Retry
 
 from consensus_api.config import BackendURL, Endpoint, Options
-from consensus_api.errors import BackendUnavailableError, ConfigurationError, OperationTimeoutError
+from consensus_api.errors import (
+    BackendUnavailableError,
+    ConfigurationError,
+    OperationTimeoutError,
+    PermissionDeniedError,
+)
 from consensus_redis.scripts import PRELUDE
 
 DEFAULT_PORT = 6379
@@ -137,11 +143,11 @@ class RedisClient:
                 return connection.read_response(timeout=max(deadline - time.monotonic(), 0.01))
             except NoScriptError:
                 raise
-            except (AuthenticationError, AuthorizationError) as exc:  # NOAUTH, NOPERM: refused, not run
+            except (AuthenticationError, AuthorizationError) as exc:  # NOAUTH, WRONGPASS: not run
                 raise ConfigurationError(f"redis at {self.address} refused {args[0]}: {exc}") from None
+            except NoPermissionError as exc:  # NOPERM: the ACL user may not run it or touch its keys
+                raise PermissionDeniedError(f"redis at {self.address} refused access: {exc}") from None
             except ResponseError as exc:
-                if "NOPERM" in str(exc):  # the ACL user may not run this command or touch these keys
-                    raise ConfigurationError(f"redis at {self.address} refused access: {exc}") from None
                 if not str(exc).startswith(_NOT_RUN):
                     raise BackendUnavailableError(
                         f"redis at {self.address} refused {args[0]}: {exc}"

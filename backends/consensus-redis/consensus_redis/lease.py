@@ -23,9 +23,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from consensus_api.backend import lapses_at, retry_pause
-from consensus_api.errors import BackendUnavailableError, OperationTimeoutError
+from consensus_api.errors import BackendUnavailableError, OperationTimeoutError, SessionLostError
 from consensus_api.model import SessionState
 from consensus_redis import scripts
 from consensus_redis.client import RedisClient, Script
@@ -86,6 +87,15 @@ class Lease:
     def check_now(self) -> None:
         """Renew at once (a script found the session gone)."""
         self._wake.set()
+
+    def call(self, script: Script, *args: str | bytes) -> list[Any]:
+        """Run a membership or election script as this session; ``SessionLostError`` if the session
+        is gone on the server (the heartbeat then renews at once, and finds it gone)."""
+        reply = self._client.run(script, self._prefix, self.session_id, *args)
+        if reply[0] == "lost":
+            self.check_now()
+            raise SessionLostError("this session has expired on the server; it is being re-established")
+        return reply
 
     def _beat(self) -> None:
         last_renewal = time.monotonic()

@@ -3,12 +3,12 @@
 Guarantees, on top of the SPI's (``consensus_api.backend``):
 
 * Reads are linearizable and every conditional write is one transaction whose
-  compares decide it, fenced writes included (``consensus_backends.etcd._storage``).
+  compares decide it, fenced writes included (``consensus_backends.etcd.storage``).
 * Members and candidates are keys bound to the session's lease
-  (``consensus_backends.etcd._leased``, ``consensus_backends.etcd._lease``); the
+  (``consensus_backends.etcd.membership``, ``.election``, ``.lease``); the
   oldest candidate (lowest ``create_revision``) leads and that revision is its term.
 * Changes reach the core through one resumable prefix watch
-  (``consensus_backends.etcd._watch``).
+  (``consensus_backends.etcd.changes``).
 
 Options: ``tls`` (on by itself when a ``tls_*`` file is given), ``tls_ca``,
 ``tls_cert``, ``tls_key`` (PEM file paths). A user and password in the URL are
@@ -34,14 +34,15 @@ from consensus_api.errors import (
     OperationTimeoutError,
 )
 from consensus_api.model import Leadership, SessionState, Versioned
-from consensus_backends.etcd._changes import ChangeReader
-from consensus_backends.etcd._channel import TLS
-from consensus_backends.etcd._client import EtcdClient
-from consensus_backends.etcd._layout import Layout
-from consensus_backends.etcd._lease import LeaseKeeper
-from consensus_backends.etcd._leased import LeasedKeys
-from consensus_backends.etcd._storage import Storage
-from consensus_backends.etcd._watch import PrefixWatch
+from consensus_backends.etcd.changes import PrefixWatch
+from consensus_backends.etcd.channel import TLS
+from consensus_backends.etcd.client import EtcdClient
+from consensus_backends.etcd.election import Election
+from consensus_backends.etcd.layout import Layout
+from consensus_backends.etcd.lease import LeasedKeys, LeaseKeeper
+from consensus_backends.etcd.membership import Membership
+from consensus_backends.etcd.rereads import ChangeReader
+from consensus_backends.etcd.storage import Storage
 
 DEFAULT_PORT = 2379
 
@@ -49,13 +50,15 @@ DEFAULT_PORT = 2379
 class EtcdBackend(Backend):
     """One session against an etcd v3 cluster: a lease, a prefix watch and transactions."""
 
-    #: ``tls`` enables the common security options (docs/spec.md section 2).
+    #: ``tls`` enables the common security options (<https://consensus-api.github.io/consensus-api/spec/#2-connecting>).
     options: ClassVar[Mapping[str, OptionParser]] = {"tls": boolean}
 
     _client: EtcdClient
     _keeper: LeaseKeeper
     _storage: Storage
     _leased: LeasedKeys
+    _membership: Membership
+    _election: Election
     _watch: PrefixWatch
 
     def __init__(self, url: BackendURL, options: Options, events: BackendEvents) -> None:
@@ -87,7 +90,9 @@ class EtcdBackend(Backend):
             self._client, self.settings.session_timeout, self.settings.request_timeout, self._on_state
         )
         self._storage = Storage(self._client, self._layout, self.settings.request_timeout)
-        self._leased = LeasedKeys(self._client, self._layout, self._keeper, self.settings.request_timeout)
+        self._leased = LeasedKeys(self._client, self._keeper, self.settings.request_timeout)
+        self._membership = Membership(self._client, self._layout, self._leased, self.settings.request_timeout)
+        self._election = Election(self._client, self._layout, self._leased, self.settings.request_timeout)
         deadline = time.monotonic() + self.settings.connect_timeout
         try:
             self._client.authenticate(deadline)
@@ -156,30 +161,30 @@ class EtcdBackend(Backend):
     # Group membership
 
     def join(self, group: str, member_id: str, data: bytes) -> None:
-        """See ``LeasedKeys.join``."""
-        self._leased.join(group, member_id, data)
+        """See ``Membership.join``."""
+        self._membership.join(group, member_id, data)
 
     def leave(self, group: str, member_id: str) -> None:
-        """See ``LeasedKeys.leave``."""
-        self._leased.leave(group, member_id)
+        """See ``Membership.leave``."""
+        self._membership.leave(group, member_id)
 
     def membership(self, group: str) -> dict[str, bytes]:
-        """See ``LeasedKeys.membership``."""
-        return self._leased.membership(group)
+        """See ``Membership.membership``."""
+        return self._membership.membership(group)
 
     # Leader election
 
     def nominate(self, service: str, candidate_id: str) -> bool:
-        """See ``LeasedKeys.nominate``."""
-        return self._leased.nominate(service, candidate_id)
+        """See ``Election.nominate``."""
+        return self._election.nominate(service, candidate_id)
 
     def resign(self, service: str, candidate_id: str) -> None:
-        """See ``LeasedKeys.resign``."""
-        self._leased.resign(service, candidate_id)
+        """See ``Election.resign``."""
+        self._election.resign(service, candidate_id)
 
     def leadership(self, service: str) -> Leadership | None:
-        """See ``LeasedKeys.leadership``."""
-        return self._leased.leadership(service)
+        """See ``Election.leadership``."""
+        return self._election.leadership(service)
 
     # Watches
 
@@ -192,8 +197,8 @@ class EtcdBackend(Backend):
         self._watch.discard(target)
 
     def change_reader(self) -> Reader:
-        """A value's re-read from its latest watch event where that is provably current (``_changes``)."""
-        return ChangeReader(self._storage, self._leased, self._client, self._watch)
+        """A value's re-read from its latest watch event where that is provably current (``rereads``)."""
+        return ChangeReader(self._storage, self._membership, self._election, self._client, self._watch)
 
     def server_version(self) -> str | None:
         """The version the etcd member reports in its status (None if it does not answer in time)."""

@@ -4,11 +4,11 @@ Guarantees (see the modules for how):
 
 * Storage is linearizable: writes are decided in log order by every session's
   state machine (:mod:`consensus_backends.kafka.state`); reads first catch up with the
-  log's end offset (:mod:`consensus_backends.kafka.commandlog`). Versions and terms are
+  log's end offset (:mod:`consensus_backends.kafka.storage`). Versions and terms are
   log offsets plus one.
 * Fenced writes are checked in log order against the service's lease.
 * Members and candidates are real Kafka group members
-  (:mod:`consensus_backends.kafka.member`); a dead session's members leave within
+  (:mod:`consensus_backends.kafka.groups`); a dead session's members leave within
   ``session_timeout`` plus one heartbeat interval; ``close`` and ``leave``
   send LeaveGroup, so observers see them gone at once.
 * Every call returns or raises within ``request_timeout`` (a little more for
@@ -17,30 +17,27 @@ Guarantees (see the modules for how):
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
 from consensus_api.backend import Backend, BackendEvents, Reader, Target, TargetKind
 from consensus_api.config import BackendURL, OptionParser, Options
-from consensus_api.coordinator.describe import GroupDescription, classic_mode, member
-from consensus_api.errors import (
-    FencedError,
-    KeyExistsError,
-    KeyNotFoundError,
-    SessionLostError,
-    VersionConflictError,
-)
+from consensus_api.coordinator.describe import classic_mode, member
+from consensus_api.coordinator.description import GroupDescription
+from consensus_api.errors import SessionLostError
 from consensus_api.model import Leadership, Versioned
 from consensus_backends.kafka import settings as kafka_settings
-from consensus_backends.kafka.channel import Channel
+from consensus_backends.kafka.changes import Changes
+from consensus_backends.kafka.client import Channel
 from consensus_backends.kafka.commandlog import CommandLog
-from consensus_backends.kafka.driver import Driver, Worker
+from consensus_backends.kafka.coordinator import KafkaEngine
 from consensus_backends.kafka.errors import translate, unavailable
 from consensus_backends.kafka.groups import Groups
-from consensus_backends.kafka.records import Command, Op
-from consensus_backends.kafka.state import Outcome, Result, StateMachine
+from consensus_backends.kafka.lease import Driver, Worker
+from consensus_backends.kafka.rereads import ChangeReader
+from consensus_backends.kafka.state import StateMachine
+from consensus_backends.kafka.storage import Storage
 
 if TYPE_CHECKING:
     from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost
@@ -53,11 +50,11 @@ class KafkaBackend(Backend):
 
     def __init__(self, url: BackendURL, options: Options, events: BackendEvents) -> None:
         super().__init__(url, options, events)
-        self._watched: set[Target] = set()
-        self._watch_lock = threading.Lock()
+        self._changes = Changes(events, self._group_of)
         self._closed = False
         self._channel: Channel | None = None
         self._log: CommandLog | None = None
+        self._storage: Storage | None = None
         self._groups: Groups | None = None
         self._driver: Driver | None = None
         self._worker: Worker | None = None
@@ -76,7 +73,7 @@ class KafkaBackend(Backend):
         settings = self._kafka = kafka_settings.build(self.url, self.settings)
         deadline = time.monotonic() + settings.connect_timeout
         channel = Channel(settings)
-        log_ = CommandLog(settings, channel, self._state, self._on_applied)
+        log_ = CommandLog(settings, channel, self._state, self._changes.applied)
         try:
             channel.open(deadline)
             channel.ensure_topic(deadline)
@@ -87,10 +84,12 @@ class KafkaBackend(Backend):
             raise unavailable(exc, self.url.redacted()) from None
         worker = Worker()
         groups = Groups(settings, channel, log_, self._state, worker=worker, api_version=channel.api_version)
-        driver = Driver(settings, channel, self.events, groups)
+        driver = Driver(settings, channel, self.events, groups, self._changes)
         groups.driver = driver
         self._channel, self._log, self._groups = channel, log_, groups
+        self._storage = Storage(log_, self._state, groups, settings.request_timeout)
         self._driver, self._worker = driver, worker
+        self._changes.attach(channel, groups)
         driver.start()
 
     def close(self) -> None:
@@ -110,58 +109,34 @@ class KafkaBackend(Backend):
             self._channel.close()
 
     def change_reader(self) -> Reader:
-        """Values and key sets as this session's state machine holds them, without ``sync``'s round
-        trip: a change is reported once the reader applied it, and the state machine only moves
-        forward, so the re-read sees the change and never less than an earlier read did. Groups
-        likewise, from a description requested after the report (``Groups.membership``'s
-        ``reread``); elections are read as the backend reads them."""
-        return _AppliedState(self._state, self._parts()[1])
+        """Reads of the state machine as applied, without ``sync``'s round trip (``rereads``)."""
+        return ChangeReader(self._state, self._parts()[1])
 
     # Storage
 
     def fetch(self, key: str) -> Versioned | None:
-        self._parts()[0].sync(self._deadline())
-        return self._state.get(key)
+        """See ``Storage.fetch``."""
+        return self._parts()[0].fetch(key)
 
     def keys(self, namespace: str) -> frozenset[str]:
-        self._parts()[0].sync(self._deadline())
-        return self._state.children(namespace)
+        """See ``Storage.keys``."""
+        return self._parts()[0].keys(namespace)
 
     def walk(self, namespace: str) -> Iterator[tuple[str, Versioned]]:
-        """The state machine's keys below ``namespace`` once it has caught up with the log's end.
-
-        One snapshot at one log offset, already in memory: no paging is needed.
-        """
-        self._parts()[0].sync(self._deadline())
-        yield from self._state.below(namespace)
+        """See ``Storage.walk``."""
+        return self._parts()[0].walk(namespace)
 
     def put(self, key: str, value: bytes, fence: Leadership | None) -> int:
-        outcome = self._write(Command(Op.PUT, key, value=value, fence=fence))
-        if outcome.result is Result.EXISTS:
-            raise KeyExistsError(f"key {key!r} already exists")
-        return outcome.number
+        """See ``Storage.put``."""
+        return self._parts()[0].put(key, value, fence)
 
     def update(self, key: str, value: bytes, version: int | None, fence: Leadership | None) -> int:
-        return self._write(Command(Op.UPDATE, key, value=value, version=version, fence=fence)).number
+        """See ``Storage.update``."""
+        return self._parts()[0].update(key, value, version, fence)
 
     def delete(self, key: str, version: int | None, fence: Leadership | None) -> None:
-        self._write(Command(Op.DELETE, key, version=version, fence=fence))
-
-    def _write(self, command: Command) -> Outcome:
-        log_, groups = self._parts()
-        if command.fence is not None:
-            groups.check_fence(command.fence)
-        outcome = log_.command(command, self._deadline())
-        key = command.name
-        if outcome.result is Result.FENCED:
-            fence = command.fence
-            assert fence is not None
-            raise FencedError(f"the leadership of {fence.service!r} (term {fence.term}) is no longer current")
-        if outcome.result is Result.NOT_FOUND:
-            raise KeyNotFoundError(f"key {key!r} does not exist")
-        if outcome.result is Result.CONFLICT:
-            raise VersionConflictError(f"key {key!r} is at version {outcome.number}, not {command.version}")
-        return outcome
+        """See ``Storage.delete``."""
+        self._parts()[0].delete(key, version, fence)
 
     # Membership and election
 
@@ -187,8 +162,6 @@ class KafkaBackend(Backend):
         self, group: str, protocol_type: str, host: EngineHost, rebalance_timeout: float
     ) -> CoordinatorEngine | None:
         """The real JoinGroup/SyncGroup protocol (:mod:`consensus_backends.kafka.coordinator`)."""
-        from consensus_backends.kafka.coordinator import KafkaEngine  # noqa: PLC0415 - loaded on first use
-
         if self._kafka is None or self._channel is None:
             raise SessionLostError("the Kafka backend is not open")
         return KafkaEngine(
@@ -204,7 +177,7 @@ class KafkaBackend(Backend):
         """The broker's view of the Coordinator group (DescribeGroups; no generation id in it)."""
         if self._kafka is None or self._channel is None:
             raise SessionLostError("the Kafka backend is not open")
-        group_id = f"{self._kafka.prefix}.coordinator.{group}"
+        group_id = self._kafka.layout.coordinator_id(group)
         deadline = time.monotonic() + self._kafka.request_timeout
         try:
             view = self._channel.describe([group_id], deadline)[group_id]
@@ -228,39 +201,22 @@ class KafkaBackend(Backend):
     # Watches
 
     def watch(self, target: Target) -> None:
-        with self._watch_lock:
-            self._watched.add(target)
-        group_id = self._group_of(target)
-        if group_id is not None and self._driver is not None:
-            self._driver.watch(group_id, target)
+        """See ``Changes.watch``."""
+        self._changes.watch(target)
 
     def unwatch(self, target: Target) -> None:
-        with self._watch_lock:
-            self._watched.discard(target)
-        group_id = self._group_of(target)
-        if group_id is not None and self._driver is not None:
-            self._driver.unwatch(target)
+        """See ``Changes.unwatch``."""
+        self._changes.unwatch(target)
 
     def _group_of(self, target: Target) -> str | None:
+        """The Kafka group ``target`` is read from, or None (a value, a key set, or not open)."""
         if self._kafka is None:
             return None
         if target.kind is TargetKind.GROUP:
-            return self._kafka.members_group
+            return self._kafka.layout.members_group
         if target.kind is TargetKind.ELECTION:
-            return self._kafka.election_id(target.name)
+            return self._kafka.layout.election_id(target.name)
         return None
-
-    def _on_applied(self, targets: list[Target], departed_in: frozenset[str]) -> None:
-        """Report the watched targets a command changed, and every watched target read from a
-        Kafka group it recorded departures in (what a read of it answers may have changed)."""
-        with self._watch_lock:
-            touched = [target for target in targets if target in self._watched]
-            if departed_in:
-                touched += [t for t in self._watched if t not in targets and self._group_of(t) in departed_in]
-        for target in touched:
-            if self._groups is not None:
-                self._groups.reporting(target)
-            self.events.changed(target)
 
     def fault_identity(self) -> dict[str, object]:
         """The session's Kafka group members: ``{"members": [[group id, member id], ...]}``, its command-log
@@ -269,7 +225,7 @@ class KafkaBackend(Backend):
         members = self._groups.members() if self._groups is not None else []
         identity: dict[str, object] = {"members": [[m.group_id, m.kafka_id] for m in members if m.kafka_id]}
         if self._kafka is not None:
-            identity["topic"] = self._kafka.topic
+            identity["topic"] = self._kafka.layout.topic
         security = self.settings.security
         if security.tls:
             identity["tls"] = {name: getattr(security, name) for name in ("tls_ca", "tls_cert", "tls_key")}
@@ -279,30 +235,10 @@ class KafkaBackend(Backend):
 
     # Helpers
 
-    def _parts(self) -> tuple[CommandLog, Groups]:
-        if self._log is None or self._groups is None:
+    def _parts(self) -> tuple[Storage, Groups]:
+        if self._storage is None or self._groups is None:
             raise SessionLostError("the Kafka backend is not open")
-        return self._log, self._groups
+        return self._storage, self._groups
 
     def _deadline(self) -> float:
         return time.monotonic() + self.settings.request_timeout
-
-
-class _AppliedState:
-    """``KafkaBackend.change_reader``: keys from the state machine, groups and elections from ``Groups``."""
-
-    def __init__(self, state: StateMachine, groups: Groups) -> None:
-        self._state = state
-        self._groups = groups
-
-    def fetch(self, key: str) -> Versioned | None:
-        return self._state.get(key)
-
-    def keys(self, namespace: str) -> frozenset[str]:
-        return self._state.children(namespace)
-
-    def membership(self, group: str) -> dict[str, bytes]:
-        return self._groups.membership(group, reread=True)
-
-    def leadership(self, service: str) -> Leadership | None:
-        return self._groups.leadership(service)

@@ -27,7 +27,7 @@ from kafka.net.compat import KafkaNetClient
 
 from consensus_api.backend import Target
 from consensus_api.errors import OperationTimeoutError
-from consensus_backends.kafka.channel import Channel
+from consensus_backends.kafka.client import Channel
 from consensus_backends.kafka.errors import timeout_error, translate
 from consensus_backends.kafka.records import Command, decode, encode
 from consensus_backends.kafka.settings import MAX_RECORD_BYTES, Settings
@@ -85,7 +85,7 @@ class CommandLog:
         self._channel = channel
         self._state = state
         self._on_change = on_change
-        self._partition = TopicPartition(settings.topic, 0)
+        self._partition = TopicPartition(settings.layout.topic, 0)
         self._session_id = uuid.uuid4().hex
         self._requests = itertools.count(1)
         self._slots: dict[int, _Slot] = {}
@@ -165,7 +165,7 @@ class CommandLog:
         slot = self._slots[request] = _Slot()
         headers, value = encode(dataclasses.replace(command, origin=(self._session_id, request)))
         try:
-            future = producer.send(self._settings.topic, value=value, headers=headers, partition=0)
+            future = producer.send(self._settings.layout.topic, value=value, headers=headers, partition=0)
             future.add_errback(slot.fail)
             return slot.wait(deadline)
         except kerrors.KafkaError as exc:
@@ -263,7 +263,9 @@ class CommandLog:
     def _apply(self, offset: int, headers: list[tuple[str, bytes]], value: bytes | None) -> None:
         command = decode(headers, value)
         if command is None:
-            log.warning("skipped record %d of %s: not a consensus-api command", offset, self._settings.topic)
+            log.warning(
+                "skipped record %d of %s: not a consensus-api command", offset, self._settings.layout.topic
+            )
             return
         applied = self._state.apply(offset, command)
         if command.origin is not None and command.origin[0] == self._session_id:

@@ -32,7 +32,7 @@ from consensus_api.coordinator.engine import CoordinatorEngine, EngineHost, Prot
 from consensus_api.coordinator.handler import Generation
 from consensus_api.errors import FencedError, InconsistentGroupProtocolError
 from consensus_api.model import SessionState
-from consensus_backends.kafka.channel import Channel
+from consensus_backends.kafka.client import Channel
 from consensus_backends.kafka.errors import translate
 from consensus_backends.kafka.member import Member, start_member
 from consensus_backends.kafka.protocol import Assignment
@@ -188,7 +188,7 @@ class KafkaEngine(CoordinatorEngine):
     ) -> None:
         self._settings = dataclasses.replace(settings, rebalance_ms=max(1, round(rebalance_timeout * 1000)))
         self._channel = channel
-        self._group_id = f"{settings.prefix}.coordinator.{group}"
+        self._group_id = settings.layout.coordinator_id(group)
         self._protocol_type = protocol_type
         self._host = host
         self._wait = rebalance_timeout

@@ -26,7 +26,7 @@ import threading
 import kafka.errors as kerrors
 
 from consensus_api.errors import ConsensusError
-from consensus_backends.kafka.channel import Channel
+from consensus_backends.kafka.client import Channel
 from consensus_backends.kafka.commandlog import CommandLog
 from consensus_backends.kafka.protocol import ENTRY_SEP
 from consensus_backends.kafka.records import Command, Op, encode_departures

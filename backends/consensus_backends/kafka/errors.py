@@ -13,11 +13,12 @@ from consensus_api.errors import (
     ConfigurationError,
     ConsensusError,
     OperationTimeoutError,
+    PermissionDeniedError,
 )
 
-_AUTH = (
+#: Refused logins (the broker's ACL refusals are ``kerrors.AuthorizationError``s).
+_AUTHENTICATION = (
     kerrors.SaslAuthenticationFailedError,
-    kerrors.AuthorizationError,
     kerrors.UnsupportedSaslMechanismError,
     kerrors.IllegalSaslStateError,
 )
@@ -33,8 +34,10 @@ def translate(exc: BaseException, what: str) -> ConsensusError:
     if isinstance(exc, ConsensusError):
         return exc
     name = type(exc).__name__
-    if isinstance(exc, _AUTH):
-        return ConfigurationError(f"Kafka refused {what}: {name} (check the credentials and ACLs)")
+    if isinstance(exc, kerrors.AuthorizationError):
+        return PermissionDeniedError(f"Kafka refused {what}: {name} (check the ACLs)")
+    if isinstance(exc, _AUTHENTICATION):
+        return ConfigurationError(f"Kafka refused {what}: {name} (check the credentials)")
     if isinstance(exc, kerrors.InvalidSessionTimeoutError):
         return ConfigurationError(
             "the broker refused session_timeout: it must lie within the broker's "
@@ -61,8 +64,8 @@ def unavailable(exc: BaseException, url: str) -> ConsensusError:
             f"Kafka at {url} refused the SASL login: {type(exc).__name__} "
             "(check that the listener offers SASL with this sasl_mechanism)"
         )
-    if isinstance(exc, _AUTH):
-        return ConfigurationError(
+    if isinstance(exc, kerrors.AuthorizationError):
+        return PermissionDeniedError(
             f"Kafka at {url} refused the connection: {type(exc).__name__} (check the ACLs)"
         )
     return BackendUnavailableError(

@@ -8,11 +8,9 @@ id>#<token>``) and rejoins without it, the last leave leaves the Kafka group.
 Observers read groups through :mod:`consensus_backends.kafka.rosters`; a membership
 read first catches up with the log, so a ``leave`` that returned is seen.
 
-The leader of a service is the holder of the service's lease in the command
-log (:mod:`consensus_backends.kafka.state`) while its Kafka member is still in the
-election group. A candidate the assignment names leader claims the lease with
-a ``LEAD`` command replacing the term named in the assignment; a rejected
-claim (a stale view) asks for a new rebalance and tries again.
+The leadership lease each service's candidates compete for, its read, claim
+and release, is :mod:`consensus_backends.kafka.election`'s; a rejected claim
+(a stale view) asks for a new rebalance and tries again.
 """
 
 from __future__ import annotations
@@ -32,20 +30,20 @@ from consensus_api.errors import (
     SessionLostError,
 )
 from consensus_api.model import Leadership
-from consensus_backends.kafka.channel import Channel, GroupView
+from consensus_backends.kafka.client import Channel, GroupView
 from consensus_backends.kafka.commandlog import CommandLog
 from consensus_backends.kafka.departures import Departures
+from consensus_backends.kafka.election import Election
 from consensus_backends.kafka.errors import timeout_error, translate
 from consensus_backends.kafka.loop import Selector
 from consensus_backends.kafka.member import Member, Slot, start_member
-from consensus_backends.kafka.protocol import ENTRY_SEP, Assignment, LeaseView
-from consensus_backends.kafka.records import Command, Op
+from consensus_backends.kafka.protocol import ENTRY_SEP, Assignment
 from consensus_backends.kafka.rosters import SETTLE_POLL, Rosters
 from consensus_backends.kafka.settings import Settings
-from consensus_backends.kafka.state import Result, StateMachine
+from consensus_backends.kafka.state import StateMachine
 
 if TYPE_CHECKING:
-    from consensus_backends.kafka.driver import Driver, Worker
+    from consensus_backends.kafka.lease import Driver, Worker
 
 log = logging.getLogger("consensus_api.kafka")
 
@@ -78,13 +76,14 @@ class Groups:
         self._shared: Member | None = None  # the Member carrying this session's members of every group
         self._rosters = Rosters(settings, channel, state)
         self._departures = Departures(log_, channel)
+        self._election = Election(settings, log_, state, self._rosters, self._holds_healthy)
         self._retired: set[Leadership] = set()
         self._net = Selector(settings)  # the IO thread of every member and candidate
         self._tearing_down = False
         self._cleaning = False
         self.driver: Driver | None = None
 
-    # Membership (docs/spec.md section 6)
+    # Membership (<https://consensus-api.github.io/consensus-api/spec/#6-groupmembership-kip-30-groupmembershipclient>)
 
     def join(self, group: str, member_id: str, data: bytes) -> None:
         """Join ``group`` as ``member_id``; returns once a generation accepted the member."""
@@ -105,10 +104,10 @@ class Groups:
         deadline = time.monotonic() + self._settings.request_timeout
         if not reread:
             self._log.sync(deadline)
-        members_group = self._settings.members_group
+        members_group = self._settings.layout.members_group
         return dict(self._rosters.entries(members_group, group, deadline, since_report=reread))
 
-    # Election (docs/spec.md section 7)
+    # Election (<https://consensus-api.github.io/consensus-api/spec/#7-leaderelection-kip-30-leaderelectionclient>)
 
     def nominate(self, service: str, candidate_id: str) -> bool:
         """Become a candidate; True if it holds the lease once its first generation settles."""
@@ -119,29 +118,9 @@ class Groups:
         self._remove((True, service, candidate_id))
 
     def leadership(self, service: str) -> Leadership | None:
-        """The lease in force, if its holder is still a member of the election group.
-
-        While the lease is vacant or its holder gone but candidates remain, a
-        hand-over is under way: wait (at most ``session_timeout`` plus a
-        second) for the next leader's claim rather than report nobody.
-        """
-        deadline = time.monotonic() + self._settings.request_timeout
-        settle_by = time.monotonic() + min(self._settings.request_timeout, self._settings.session_timeout + 1)
-        group_id = self._settings.election_id(service)
-        while True:
-            self._log.sync(deadline)
-            lease = self._state.lease(service)
-            if lease.leader is not None and lease.member is not None:
-                with self._lock:
-                    ours = [m for m in self._members.values() if m.election and m.kafka_id == lease.member]
-                if ours and self._healthy(ours[0]):
-                    return Leadership(service, lease.leader, lease.term)
-            present = set(self._rosters.describe(group_id, deadline).members) - self._state.departed(group_id)
-            if lease.leader is not None and lease.member in present:
-                return Leadership(service, lease.leader, lease.term)
-            if not present or time.monotonic() + SETTLE_POLL >= settle_by:
-                return None
-            time.sleep(SETTLE_POLL)
+        """The lease in force, if its holder is still a member of the election group
+        (``Election.leadership``)."""
+        return self._election.leadership(service)
 
     def check_fence(self, fence: Leadership) -> None:
         """``FencedError`` if ``fence`` names a candidacy of this session that may be gone (before
@@ -151,11 +130,6 @@ class Groups:
             retired = fence in self._retired
         if retired or (member is not None and not self._healthy(member)):
             raise FencedError(f"the leadership of {fence.service!r} (term {fence.term}) may have been lost")
-
-    def lease_view(self, service: str) -> LeaseView:
-        """(term, Kafka member id of the holder or None) as this session's log reader knows it."""
-        lease = self._state.lease(service)
-        return lease.term, lease.member if lease.leader is not None else None
 
     def close(self) -> None:
         """Vacate held leases, leave every group and stop the members' IO thread."""
@@ -201,12 +175,12 @@ class Groups:
     def reporting(self, target: Target) -> None:
         """A change of ``target`` is about to be reported: its re-read must describe its group anew."""
         if target.kind is TargetKind.GROUP:
-            self._rosters.reported(self._settings.members_group)
+            self._rosters.reported(self._settings.layout.members_group)
 
     def fingerprint(self, target: Target, view: GroupView) -> object:
         """What changes whenever a read of ``target`` from ``view`` may answer differently."""
         if target.kind is TargetKind.GROUP:
-            return self._rosters.fingerprint(self._settings.members_group, target.name, view)
+            return self._rosters.fingerprint(self._settings.layout.members_group, target.name, view)
         return view.state, frozenset((kid, assignment) for kid, (_, assignment) in view.members.items())
 
     def assigned(self, member: Member, assignment: Assignment | None, sent: frozenset[str]) -> None:
@@ -225,7 +199,9 @@ class Groups:
         kind = "candidate" if election else "member"
         key = (election, name, own_id)
         deadline = time.monotonic() + self._settings.request_timeout
-        group_id = self._settings.election_id(name) if election else self._settings.members_group
+        group_id = (
+            self._settings.layout.election_id(name) if election else self._settings.layout.members_group
+        )
         with self._lock:
             taken = key in self._members
             shared = None if election else self._shared
@@ -245,7 +221,7 @@ class Groups:
         known = self._rosters.entries(group_id, name, deadline, settle=False)
         if own_id in {i for i, _ in known}:
             raise MemberExistsError(f"a live {kind} {own_id!r} is already in {name!r}")
-        lease_view = (lambda: self.lease_view(name)) if election else None
+        lease_view = (lambda: self._election.lease_view(name)) if election else None
         member = start_member(
             lambda: Member(
                 self._settings,
@@ -331,24 +307,12 @@ class Groups:
             member.stopping = True
         for member in doomed:
             if member.election:
-                self._unlead(member, deadline)
+                self._election.vacate(member, deadline)
         error = self._departures.record([(m.group_id, m.kafka_id) for m in doomed if m.kafka_id], deadline)
         for member in doomed:
             if not member.stop(self._channel, deadline) and member.kafka_id and error is None:
                 self._departures.unleft((member.group_id, member.kafka_id))
         return error
-
-    def _unlead(self, member: Member, deadline: float) -> None:
-        lease = self._state.lease(member.name)
-        if lease.leader != member.own_id or lease.member != member.kafka_id:
-            return
-        command = Command(
-            Op.UNLEAD, member.name, candidate=member.own_id, member=member.kafka_id, term=lease.term
-        )
-        try:
-            self._log.command(command, deadline)
-        except ConsensusError as exc:
-            log.info("could not vacate the lease of %r (%s)", member.name, exc)
 
     def _finish_teardown(self, doomed: list[Member]) -> None:
         try:
@@ -368,6 +332,12 @@ class Groups:
 
     def _healthy(self, member: Member) -> bool:
         return not (member.stopping or member.lost or member.overdue(self._settings.session_timeout))
+
+    def _holds_healthy(self, kafka_id: str) -> bool:
+        """Whether a candidate of this session is the Kafka member ``kafka_id`` and healthy."""
+        with self._lock:
+            ours = [m for m in self._members.values() if m.election and m.kafka_id == kafka_id]
+        return bool(ours) and self._healthy(ours[0])
 
     def _on_assignment(self, member: Member, assignment: Assignment | None, sent: frozenset[str]) -> None:
         if member.stopping or member.lost:
@@ -395,26 +365,11 @@ class Groups:
         stable = member.generation_if_stable()
         if stable is None or stable.generation_id != assignment.generation:
             return
-        if self._claim(member, assignment):
+        if self._election.claim(member, assignment):
             member.first.settle(True)
         else:
             member.rejoin_at = time.monotonic() + CLAIM_RETRY
             self.wake(member)
-
-    def _claim(self, member: Member, assignment: Assignment) -> bool:
-        deadline = time.monotonic() + self._settings.request_timeout
-        try:
-            self._log.sync(deadline)
-            lease = self._state.lease(member.name)
-            if lease.member == member.kafka_id and lease.leader == member.own_id:
-                return True
-            command = Command(
-                Op.LEAD, member.name, candidate=member.own_id, member=member.kafka_id, term=assignment.prev
-            )
-            return self._log.command(command, deadline).result is Result.OK
-        except ConsensusError as exc:
-            log.info("claiming the lease of %r failed (%s); retrying", member.name, exc)
-            return False
 
 
 def _distinct(members: Iterable[Member]) -> list[Member]:

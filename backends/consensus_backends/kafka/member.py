@@ -7,7 +7,7 @@ rebalance blocks its connection, and must not hold up another member's
 heartbeats. The members of one session share one IO thread (a
 :class:`Selector` passed as ``net``; a member without one has its own), so a
 session costs one thread however many groups it is in. The driver
-thread (:mod:`consensus_backends.kafka.driver`) calls :meth:`Member.drive` every tick,
+thread (:mod:`consensus_backends.kafka.lease`) calls :meth:`Member.drive` every tick,
 which starts ``ensure_active_group`` on the IO thread when a (re)join is due
 and polls the heartbeat; the hooks kafka-python runs on its IO thread only
 record state and hand work to the backend through :class:`Hooks`, never block.
@@ -32,7 +32,7 @@ from kafka.net.selector import NetworkSelector
 from kafka.protocol.consumer import UNKNOWN_MEMBER_ID
 from kafka.structs import MemberState
 
-from consensus_backends.kafka.channel import Channel
+from consensus_backends.kafka.client import Channel
 from consensus_backends.kafka.errors import translate
 from consensus_backends.kafka.loop import Manager, Selector
 from consensus_backends.kafka.protocol import (

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consensus_api.errors import ConsensusError
-from consensus_backends.kafka.channel import GroupView
+from consensus_backends.kafka.client import GroupView
 
 PROTOCOL_NAME = "v1"
 GROUP_TYPE = "consensus-group"

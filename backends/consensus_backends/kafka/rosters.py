@@ -19,17 +19,20 @@ reports (a departure reports every watched group) costs one DescribeGroups.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import kafka.errors as kerrors
 
 from consensus_api.errors import ConsensusError
-from consensus_backends.kafka.channel import GONE, STABLE, Channel, GroupView
+from consensus_backends.kafka.client import GONE, STABLE, Channel, GroupView
 from consensus_backends.kafka.errors import timeout_error, translate
-from consensus_backends.kafka.protocol import Metadata, Roster, decode_metadata
+from consensus_backends.kafka.protocol import Metadata, Roster, decode_assignment, decode_metadata
 from consensus_backends.kafka.settings import Settings
 from consensus_backends.kafka.state import StateMachine
+
+log = logging.getLogger("consensus_api.kafka")
 
 SETTLE_POLL = 0.05
 
@@ -100,7 +103,9 @@ class Rosters:
             roster, present, departed = self._against(group_id, view)
             give_up = time.monotonic() + SETTLE_POLL >= settle_by
             if roster is not None and (present <= roster.known or give_up):  # a Stable view knows all
-                return list(roster.present(name, present, departed).items())
+                found = roster.present(name, present, departed)
+                log.debug("%s in %s (%s): %s", name, group_id, view.state, sorted(found))
+                return list(found.items())
             if give_up:
                 if not settle:
                     return []
@@ -149,6 +154,12 @@ class Rosters:
             return metadata
 
         roster = Roster.of(group_id, view, decode)
+        if log.isEnabledFor(logging.DEBUG):
+            entries = {
+                name: [f"{e.id}@{kid}#{e.token}" for kid, e in found] for name, found in roster.groups.items()
+            }
+            generations = {a.generation for _, raw in view.members.values() if (a := decode_assignment(raw))}
+            log.debug("the last Stable roster of %s (generation %s): %s", group_id, generations, entries)
         with self._lock:
             self._read[group_id] = (view, roster)
             self._decoded[group_id] = current

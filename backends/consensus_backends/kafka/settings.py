@@ -1,9 +1,9 @@
-"""Settings of the Kafka backend: names from the URL, security options and timing.
+"""Settings of the Kafka backend: brokers and names from the URL, security options and timing.
 
 ``kafka://user:secret@b1:9092,b2:9092/prefix`` names the brokers and a prefix
-for every topic and group this backend uses. The common security options
-(docs/spec.md section 2) map to kafka-python's: ``tls`` selects ``SSL``, a user
-name ``SASL_SSL`` (``SASL_PLAINTEXT`` without TLS, with the core's warning),
+for every topic and group this backend uses (``layout``). The common security options
+(<https://consensus-api.github.io/consensus-api/spec/#2-connecting>) map to kafka-python's:
+``tls`` selects ``SSL``, a user name ``SASL_SSL`` (``SASL_PLAINTEXT`` without TLS, with the core's warning),
 with ``SCRAM-SHA-512`` unless ``sasl_mechanism`` says otherwise; the server's
 host name is always checked. kafka-python's ``ssl_*``/``sasl_*`` names are
 aliases. Credentials and the TLS key password reach kafka-python only as
@@ -13,22 +13,20 @@ debug logging of its configuration cannot reveal them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from consensus_api.config import Alias, BackendURL, OptionParser, Options, Secret, boolean
 from consensus_api.errors import ConfigurationError
+from consensus_backends.kafka.layout import Layout
 
 DEFAULT_PORT = 9092
-DEFAULT_PREFIX = "consensus"
 CLIENT_ID = "consensus-api"
 #: Largest command record: a 1 MiB value plus key, headers and batch overhead.
 MAX_RECORD_BYTES = 2 * 1024 * 1024
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 DEFAULT_SASL_MECHANISM = "SCRAM-SHA-512"
-_PREFIX_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
 def _choice(*allowed: str) -> Callable[[Any], str]:
@@ -58,7 +56,7 @@ class Settings:
     """Everything the backend derives from the URL and options, checked before any I/O."""
 
     bootstrap: str
-    prefix: str
+    layout: Layout
     session_ms: int
     #: The heartbeat interval of a Coordinator's Kafka member (which learns of rebalances from it).
     heartbeat_ms: int
@@ -70,20 +68,6 @@ class Settings:
     connect_timeout: float
     session_timeout: float
     security: Mapping[str, Any] = field(default_factory=dict, repr=False)
-
-    @property
-    def topic(self) -> str:
-        """The single-partition topic holding the command log."""
-        return f"{self.prefix}.kv"
-
-    @property
-    def members_group(self) -> str:
-        """The one Kafka group carrying the members of every membership group (as entries)."""
-        return f"{self.prefix}.members"
-
-    def election_id(self, service: str) -> str:
-        """The Kafka group id of an election."""
-        return f"{self.prefix}.election.{service}"
 
     def client(self, **extra: Any) -> dict[str, Any]:
         """Keyword arguments shared by every kafka-python client of this backend."""
@@ -103,18 +87,12 @@ def build(url: BackendURL, options: Options) -> Settings:
     """Check the URL and options; ``ConfigurationError`` names the bad part."""
     if not url.endpoints:
         raise ConfigurationError("a kafka:// URL needs at least one broker, e.g. kafka://127.0.0.1:9092/app")
-    path = url.path.strip("/")
-    prefix = path.replace("/", ".") if path else DEFAULT_PREFIX
-    if not _PREFIX_RE.fullmatch(prefix):
-        raise ConfigurationError(
-            "the kafka:// URL path names the topic prefix: 1-200 characters of A-Z a-z 0-9 . _ - "
-            f"(segments joined by '/'), got {url.path!r}"
-        )
+    layout = Layout.from_path(url.path)
     session_ms = round(options.session_timeout * 1000)
     heartbeat_ms = min(1000, max(1, session_ms // 6))
     return Settings(
         bootstrap=url.host_list(DEFAULT_PORT),
-        prefix=prefix,
+        layout=layout,
         session_ms=session_ms,
         heartbeat_ms=heartbeat_ms,
         member_heartbeat_ms=max(heartbeat_ms, min(3000, session_ms // 3)),

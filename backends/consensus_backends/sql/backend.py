@@ -14,22 +14,14 @@ PostgreSQL and MariaDB then end it after ``engine.stall_limit`` (MariaDB: in
 whole seconds, at least 1; MySQL only at ``wait_timeout``); SQLite cannot, and every
 write waits until that process resumes or dies (calls fail with
 ``OperationTimeoutError`` naming the holder, sessions go SUSPENDED, then LOST).
-
-Test hook: with ``$CONSENSUS_TEST_STOP_IN_FENCED_WRITE`` set, the next fenced
-write unsets it and stops its own process (SIGSTOP) after its statements,
-before its commit: how the conformance suite freezes a client inside a
-transaction (a nowait write leaves such a write to this path). Nothing else reads it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any, TypeVar
@@ -41,27 +33,20 @@ from consensus_api.backend import Backend, Reader, Target, Writer
 from consensus_api.config import boolean, seconds
 from consensus_api.errors import (
     BackendUnavailableError,
-    ConfigurationError,
     OperationTimeoutError,
+    PermissionDeniedError,
     SessionLostError,
 )
-from consensus_api.model import Leadership, SessionState, Versioned
-from consensus_backends.sql import ephemeral, store
+from consensus_api.model import Leadership, Versioned
+from consensus_backends.sql import election, membership, storage
 from consensus_backends.sql.changes import ChangeFeed
-from consensus_backends.sql.engine import (
-    MIN_CONNECT_LEFT,
-    begin_sqlite,
-    calls_until,
-    create,
-    describe_error,
-    is_retryable,
-    permanent_connect_failure,
-)
-from consensus_backends.sql.filecheck import FileIdentity
-from consensus_backends.sql.liveness import Liveness
-from consensus_backends.sql.nowait import STOP_IN_FENCED_WRITE, NowaitStore
+from consensus_backends.sql.client import MIN_CONNECT_LEFT, begin_sqlite, calls_until, create
+from consensus_backends.sql.errors import connect_refusal, denied, describe_error, is_retryable
+from consensus_backends.sql.filecheck import unusable_file
+from consensus_backends.sql.layout import Tables
+from consensus_backends.sql.lease import Lease, drop_sessions, reap_expired
+from consensus_backends.sql.nowait import NowaitStore
 from consensus_backends.sql.rereads import ChangeReader
-from consensus_backends.sql.schema import Tables
 from consensus_backends.sql.watchdog import Watchdog
 from consensus_backends.sql.writelock import begin_eagerly, is_busy
 
@@ -88,13 +73,13 @@ def table_prefix(value: Any) -> str:
     return value
 
 
-class SQLBackend(Liveness, Backend):
+class SQLBackend(Backend):
     """Coordination state in SQL tables; see the module docstring for guarantees."""
 
     options = {
         "table_prefix": table_prefix,
         "poll_interval": seconds(0.001, 60.0),
-        "tls": boolean,  # enables the common security options (docs/spec.md section 2)
+        "tls": boolean,  # enables the common security options (<https://consensus-api.github.io/consensus-api/spec/#2-connecting>)
     }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -105,19 +90,28 @@ class SQLBackend(Liveness, Backend):
         #: PostgreSQL reads run without BEGIN and COMMIT (two round trips fewer): each is one
         #: statement, or statements at READ COMMITTED, which see what a transaction's would.
         self._autocommit_reads = self._engine.dialect.name == "postgresql"
-        self._file = FileIdentity(None if self._guarded else self._engine.url.database)
         self._watchdog = Watchdog()
         self._tables = Tables(str(extra.get("table_prefix", "consensus_")))
-        self._nowait = None if self._guarded else NowaitStore(self._tables, self._renew_in, self._renewed)
+        self._lease = Lease(
+            self._tables,
+            self.settings,
+            self.events,
+            database_file=None if self._guarded else self._engine.url.database,
+            transact=self._transact_once,
+            file_replaced=self._file_replaced,
+            reopened=self._reopened,
+        )
+        self._nowait = (
+            None if self._guarded else NowaitStore(self._tables, self._lease.renew_in, self._lease.renewed)
+        )
         self._rereads = (
             ChangeReader(self._engine, self._tables, self._watchdog, self.settings.request_timeout)
             if self._autocommit_reads
             else None
         )
-        self._session_id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._watched: set[Target] = set()
-        self._stop = threading.Event()
+        self._closed = False
         self._feed = ChangeFeed(
             self._engine,
             self._tables,
@@ -125,17 +119,16 @@ class SQLBackend(Liveness, Backend):
             self._resync,
             float(extra.get("poll_interval", 0.025 if self._guarded else 0.01)),  # type: ignore[arg-type]
         )
-        self._heartbeat = threading.Thread(target=self._beat, name="consensus-sql-heartbeat", daemon=True)
-        self._state_lock = threading.Lock()
-        self._beat_state = SessionState.CONNECTED
-        #: When the last renewal that committed began (monotonic): by the heartbeat or a write.
-        self._renewed_at = time.monotonic()
 
     @property
     def name(self) -> str:
         return self._engine.dialect.name
 
     def open(self) -> None:
+        database = None if self._guarded else self._engine.url.database
+        unusable = unusable_file(database) if database else None
+        if unusable is not None:  # no retry heals it: unavailable at once, not after connect_timeout
+            raise BackendUnavailableError(f"cannot open {self.url.redacted()}: {unusable}")
         deadline = time.monotonic() + self.settings.connect_timeout
         while True:
             try:
@@ -148,25 +141,24 @@ class SQLBackend(Liveness, Backend):
                         f"cannot reach {self.url.redacted()} within {self.settings.connect_timeout} s: {exc}"
                     ) from None
                 time.sleep(RETRY_PAUSE)
-        self._file.arm()
         if self._nowait is not None:
             self._nowait.open(self._engine)
-        self._renewed_at = time.monotonic()
+        self._lease.opened()
         self._feed.start()
-        self._heartbeat.start()
+        self._lease.start()
 
     def _start_session(self, conn: Connection) -> None:
         self._tables.create(conn)
-        ephemeral.open_lease(conn, self._tables, self._session_id, self.settings.session_timeout)
+        self._lease.create(conn)
 
     def close(self) -> None:
-        if self._stop.is_set():
+        if self._closed:
             return
-        self._stop.set()
-        self._heartbeat.join(self.settings.request_timeout)
+        self._closed = True
+        self._lease.stop(self.settings.request_timeout)
         self._feed.stop(self.settings.request_timeout)
         try:
-            self._run(lambda c: ephemeral.drop_sessions(c, self._tables, [self._session_id]))
+            self._run(lambda c: drop_sessions(c, self._tables, [self._lease.session_id]))
         except (OperationTimeoutError, BackendUnavailableError) as exc:
             log.warning("could not release the session at close (%s); it expires by itself", exc)
         finally:
@@ -192,26 +184,26 @@ class SQLBackend(Liveness, Backend):
     # Storage
 
     def fetch(self, key: str) -> Versioned | None:
-        return self._run(lambda c: store.fetch(c, self._tables, key), write=False)
+        return self._run(lambda c: storage.fetch(c, self._tables, key), write=False)
 
     def put(self, key: str, value: bytes, fence: Leadership | None) -> int:
-        return self._run(lambda c: store.put(c, self._tables, key, value), fence=fence)
+        return self._run(lambda c: storage.put(c, self._tables, key, value), fence=fence)
 
     def update(self, key: str, value: bytes, version: int | None, fence: Leadership | None) -> int:
-        return self._run(lambda c: store.update_value(c, self._tables, key, value, version), fence=fence)
+        return self._run(lambda c: storage.update_value(c, self._tables, key, value, version), fence=fence)
 
     def delete(self, key: str, version: int | None, fence: Leadership | None) -> None:
-        self._run(lambda c: store.delete(c, self._tables, key, version), fence=fence)
+        self._run(lambda c: storage.delete(c, self._tables, key, version), fence=fence)
 
     def keys(self, namespace: str) -> frozenset[str]:
-        return self._run(lambda c: store.keys(c, self._tables, namespace), write=False)
+        return self._run(lambda c: storage.keys(c, self._tables, namespace), write=False)
 
     def walk(self, namespace: str) -> Iterator[tuple[str, Versioned]]:
         """Keyset pagination in primary-key order: each page is one read-only transaction."""
         after: str | None = None
         while True:
             page = self._run(
-                partial(store.walk_page, t=self._tables, namespace=namespace, after=after, limit=WALK_PAGE),
+                partial(storage.walk_page, t=self._tables, namespace=namespace, after=after, limit=WALK_PAGE),
                 write=False,
             )
             yield from page
@@ -222,26 +214,26 @@ class SQLBackend(Liveness, Backend):
     # Membership and election
 
     def join(self, group: str, member_id: str, data: bytes) -> None:
-        self._run(lambda c: ephemeral.join(c, self._tables, self._session_id, group, member_id, data))
+        self._run(lambda c: membership.join(c, self._tables, self._lease.session_id, group, member_id, data))
 
     def leave(self, group: str, member_id: str) -> None:
-        self._run(lambda c: ephemeral.leave(c, self._tables, self._session_id, group, member_id))
+        self._run(lambda c: membership.leave(c, self._tables, self._lease.session_id, group, member_id))
 
     def membership(self, group: str) -> dict[str, bytes]:
-        return self._run(lambda c: ephemeral.membership(c, self._tables, group), write=False)
+        return self._run(lambda c: membership.membership(c, self._tables, group), write=False)
 
     def nominate(self, service: str, candidate_id: str) -> bool:
         def work(conn: Connection) -> bool:
-            ephemeral.reap_expired(conn, self._tables)
-            return ephemeral.nominate(conn, self._tables, self._session_id, service, candidate_id)
+            reap_expired(conn, self._tables)
+            return election.nominate(conn, self._tables, self._lease.session_id, service, candidate_id)
 
         return self._run(work)
 
     def resign(self, service: str, candidate_id: str) -> None:
-        self._run(lambda c: ephemeral.resign(c, self._tables, self._session_id, service, candidate_id))
+        self._run(lambda c: election.resign(c, self._tables, self._lease.session_id, service, candidate_id))
 
     def leadership(self, service: str) -> Leadership | None:
-        return self._run(lambda c: ephemeral.leadership(c, self._tables, service), write=False)
+        return self._run(lambda c: election.leadership(c, self._tables, service), write=False)
 
     # Watches
 
@@ -259,8 +251,16 @@ class SQLBackend(Liveness, Backend):
         return None if version is None else ".".join(str(part) for part in version)
 
     def fault_identity(self) -> dict[str, object]:
-        """The session's lease row: ``{"sessions_table": name, "session_id": id}`` (tests only)."""
-        return {"sessions_table": self._tables.sessions.name, "session_id": self._session_id}
+        """The session's lease row: ``{"sessions_table": name, "session_id": id}``, and with TLS the file
+        options ``tls_ca``, ``tls_cert``, ``tls_key`` (paths) to reach the server (tests only)."""
+        identity: dict[str, object] = {
+            "sessions_table": self._tables.sessions.name,
+            "session_id": self._lease.session_id,
+        }
+        security = self.settings.security
+        if security.tls:
+            identity["tls"] = {name: getattr(security, name) for name in ("tls_ca", "tls_cert", "tls_key")}
+        return identity
 
     def _hint(self, target: Target) -> None:
         with self._lock:
@@ -274,7 +274,25 @@ class SQLBackend(Liveness, Backend):
         for target in targets:
             self.events.changed(target)
 
-    # Transactions and liveness
+    # The lease's calls
+
+    def _transact_once(self, work: Callable[[Connection], R], deadline: float) -> R:
+        """One transaction of the heartbeat (``lease.Transact``): tried once, by ``deadline``."""
+        return self._run(work, deadline=deadline, retry=False)
+
+    def _file_replaced(self) -> None:
+        """SQLite's file was deleted or replaced (the lease reported LOST): let go of the old one."""
+        self._engine.dispose()  # pooled connections still write to the old file
+        if self._nowait is not None:
+            self._nowait.close()  # held, so not disposed: inline reads go to workers meanwhile
+        self._feed.rewind()
+
+    def _reopened(self) -> None:
+        """The lease opened a new row after a loss: hold the nowait connection again if it was let go."""
+        if self._nowait is not None and not self._nowait.is_open():
+            self._nowait.open(self._engine)
+
+    # Transactions
 
     def _run(
         self,
@@ -303,11 +321,9 @@ class SQLBackend(Liveness, Backend):
                 with calls_until(deadline, MIN_CONNECT_LEFT if retry else HEARTBEAT_CONNECT_LEFT):
                     conn = self._connect(write)
             except sqlalchemy.exc.DBAPIError as exc:
-                permanent = permanent_connect_failure(exc)
-                if permanent is not None:
-                    raise ConfigurationError(
-                        f"cannot connect to {self.url.redacted()}: {permanent}"
-                    ) from None
+                refused = connect_refusal(exc, self.url.redacted())
+                if refused is not None:
+                    raise refused from None
                 if retry and time.monotonic() + RETRY_PAUSE < deadline:
                     time.sleep(RETRY_PAUSE)
                     continue
@@ -327,15 +343,13 @@ class SQLBackend(Liveness, Backend):
                         with conn.begin():
                             self._begin(conn, write, retry, deadline)
                             begun = True
-                            renewing = self._renew_in(conn) if write and retry else None
+                            renewing = self._lease.renew_in(conn) if write and retry else None
                             if fence is not None:
-                                ephemeral.check_fence(conn, self._tables, fence)
+                                election.check_fence(conn, self._tables, fence)
                             result = work(conn)
-                            if fence is not None and os.environ.pop(STOP_IN_FENCED_WRITE, None) is not None:
-                                os.kill(os.getpid(), signal.SIGSTOP)
                             committing = True
                         if renewing is not None:
-                            self._renewed(renewing)
+                            self._lease.renewed(renewing)
                         return result
                     finally:  # before the connection goes back to the pool, where another call may take it
                         cut = guard is not None and self._watchdog.disarm(guard)
@@ -344,6 +358,10 @@ class SQLBackend(Liveness, Backend):
                     "this session's lease has expired; it is being re-established"
                 ) from None
             except sqlalchemy.exc.DBAPIError as exc:
+                if denied(exc):  # a refused statement: the transaction is rolled back
+                    raise PermissionDeniedError(
+                        f"{self.name} refused the call ({describe_error(exc, self._engine)}); not applied"
+                    ) from None
                 stale = retry and exc.connection_invalidated and not committing and not cut
                 locked_out = not begun and is_busy(exc)  # SQLite: it never got the write lock
                 if (stale or locked_out or is_retryable(exc)) and time.monotonic() + RETRY_PAUSE < deadline:

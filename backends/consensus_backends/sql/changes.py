@@ -35,8 +35,10 @@ from sqlalchemy import Connection, Engine, bindparam, delete, func, select
 
 from consensus_api.backend import Target, TargetKind
 from consensus_backends.sql import statements
-from consensus_backends.sql.engine import describe_error, own_connection
-from consensus_backends.sql.schema import MYSQL_DIALECTS, Tables
+from consensus_backends.sql.client import own_connection
+from consensus_backends.sql.dialect import MYSQL_DIALECTS
+from consensus_backends.sql.errors import describe_error
+from consensus_backends.sql.layout import Tables
 
 log = logging.getLogger("consensus_api.sql")
 
@@ -175,7 +177,7 @@ class ChangeFeed:
     def _listen(self) -> None:
         """Forward the notifications of a LISTEN connection, opened as the pool's are (TLS verified,
         timeouts; ``own_connection``); after it failed, open another and re-read every target."""
-        import psycopg  # noqa: PLC0415  (PostgreSQL only; the extra may be absent for SQLite users)
+        import psycopg  # noqa: PLC0415 - the postgresql extra, absent for other schemes
 
         while not self._stop.is_set():
             try:

@@ -1,4 +1,4 @@
-"""The few statements that differ between SQLite, PostgreSQL and MySQL/MariaDB.
+"""The few statements that differ between SQLite, PostgreSQL and MySQL/MariaDB, and the database clock.
 
 MySQL has no ``ON CONFLICT`` and no ``RETURNING`` for ``UPDATE`` or ``DELETE``
 (MariaDB lacks the former): there an ``UPDATE`` is followed by a read of the
@@ -6,7 +6,7 @@ row it changed (it holds the row's lock, so that read sees the change), a
 ``DELETE`` is preceded by a locking read of the rows it removes, and a
 duplicate insert is recognised by its error (1062), which rolls back only its
 own statement. Every MySQL transaction runs at ``READ COMMITTED`` (see
-``engine``), as PostgreSQL's do: each statement sees what committed before it.
+``client``), as PostgreSQL's do: each statement sees what committed before it.
 """
 
 from __future__ import annotations
@@ -15,11 +15,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import Column, ColumnElement, Connection, Executable, Table, delete, insert, select, update
+from sqlalchemy import (
+    Column,
+    ColumnElement,
+    Connection,
+    Double,
+    Executable,
+    Float,
+    Table,
+    delete,
+    func,
+    insert,
+    literal_column,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 
-from consensus_backends.sql.schema import MYSQL_DIALECTS
-
+#: SQLAlchemy's names of MySQL and MariaDB.
+MYSQL_DIALECTS = ("mysql", "mariadb")
 #: MySQL's error number for a duplicate key.
 ER_DUP_ENTRY = 1062
 
@@ -27,6 +41,15 @@ ER_DUP_ENTRY = 1062
 def is_mysql(conn: Connection) -> bool:
     """Whether ``conn`` talks to MySQL or MariaDB."""
     return conn.dialect.name in MYSQL_DIALECTS
+
+
+def db_now(dialect: str) -> ColumnElement[float]:
+    """The database server's clock in seconds since the epoch; never the client's."""
+    if dialect == "postgresql":
+        return func.extract("epoch", func.clock_timestamp()).cast(Float)
+    if dialect in MYSQL_DIALECTS:
+        return literal_column("(UNIX_TIMESTAMP(SYSDATE(6)) + 0E0)", Double)  # + 0E0: a DOUBLE
+    return literal_column("((julianday('now') - 2440587.5) * 86400.0)", Float)
 
 
 class InsertIfAbsent:

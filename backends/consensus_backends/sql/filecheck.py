@@ -6,14 +6,45 @@ one: two leaders at the same term, each one's fenced writes succeeding. The
 backend compares the path's ``(st_dev, st_ino)`` with the one it opened at each
 heartbeat (then loses the session and reopens on the new file) and before each
 application write (refused with ``SessionLostError`` meanwhile).
+
+``unusable_file`` tells, before a session opens, why SQLite could never use a
+path (no retry heals it): the session fails at once instead of after
+``connect_timeout``.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 #: The identity of a path with no file.
 MISSING = (-1, -1)
+#: The first 16 bytes of every SQLite 3 database file.
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def unusable_file(path: str) -> str | None:
+    """Why SQLite can never open ``path`` as a database to write, as far as the file system tells: a
+    missing directory, a directory, no permission, a file that is not a database; None otherwise."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{path} is a directory"
+    if not target.exists():
+        if not target.parent.is_dir():
+            return f"there is no directory {target.parent}"
+        if not os.access(target.parent, os.W_OK | os.X_OK):
+            return f"permission denied: no file can be created in {target.parent}"
+        return None
+    if not os.access(target, os.R_OK | os.W_OK):
+        return f"permission denied: {path} is not readable and writable"
+    try:
+        with target.open("rb") as database:
+            head = database.read(len(SQLITE_HEADER))
+    except OSError:
+        return None  # what SQLite makes of it is reported when it opens the file
+    if head and head != SQLITE_HEADER:
+        return f"{path} is not a SQLite database"
+    return None
 
 
 class FileIdentity:

@@ -11,6 +11,13 @@ transaction that long (a frozen process), which rolls it back and frees its
 locks. MariaDB counts both in whole seconds: the stall limit is rounded down,
 to at least 1 s. MySQL has no idle-transaction timeout: a frozen client's
 locks stay until ``wait_timeout`` ends its connection.
+
+TLS follows the common security options (``Options.security``): with ``tls``
+every connection is TLS, the server's certificate chain and host name checked
+against ``tls_ca`` alone (else the system's trust store) before the user name or
+anything else is sent, with the client certificate (``tls_cert``, ``tls_key``,
+``tls_key_password``) when given; without it no TLS is attempted. The user name
+and password are the URL's or the options'.
 """
 
 from __future__ import annotations
@@ -18,13 +25,13 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy
 from sqlalchemy import URL, Engine, create_engine, event
 
-from consensus_api.config import BackendURL, Options
+from consensus_api.config import BackendURL, Options, Security
 from consensus_api.errors import ConfigurationError
 
 #: Lock wait timeout (1205: only the statement was rolled back; we roll back the rest) and deadlock
@@ -37,7 +44,7 @@ IO_SLACK = 1.0
 #: PyMySQL from every OK packet.
 SERVER_STATUS_IN_TRANS = 1
 
-#: The deadline of the current call and the least time a connection may begin with (``engine``).
+#: The deadline of the current call and the least time a connection may begin with (``client``).
 CallBound = Callable[[], "tuple[float, float] | None"]
 
 
@@ -64,15 +71,13 @@ def create(url: BackendURL, settings: Options, stall: float, call_bound: CallBou
         "connect_timeout": settings.connect_timeout,
         "read_timeout": io_timeout,
         "write_timeout": io_timeout,
+        **_tls(settings.security),
     }
-    tls = _tls(settings.extra)
-    if tls is not None:
-        connect_args["ssl"] = tls
     engine = create_engine(
         URL.create(
             f"{family}+pymysql",
-            username=url.username,
-            password=url.password,
+            username=settings.security.username,
+            password=settings.security.password,
             host=endpoint.host,
             port=endpoint.port or DEFAULT_PORT,
             database=database,
@@ -145,16 +150,17 @@ def session_settings(settings: Options, stall: float, mariadb: bool) -> str:
     return "SET SESSION " + ", ".join(f"{name} = {value}" for name, value in values.items())
 
 
-def _tls(extra: Mapping[str, object]) -> dict[str, object] | None:
-    """PyMySQL's ``ssl`` argument: with ``tls_ca`` the server's certificate and name are verified;
-    ``tls`` alone encrypts without verifying (like libpq's ``sslmode=require``)."""
-    if not (extra.get("tls") or any(name in extra for name in ("tls_ca", "tls_cert", "tls_key"))):
-        return None
-    tls: dict[str, object] = {"check_hostname": "tls_ca" in extra}
-    for option, parameter in (("tls_ca", "ca"), ("tls_cert", "cert"), ("tls_key", "key")):
-        if option in extra:
-            tls[parameter] = str(extra[option])
-    return tls
+def _tls(security: Security) -> dict[str, object]:
+    """PyMySQL's TLS arguments: with ``tls``, ``Security.ssl_context()`` (chain and host name checked,
+    the client certificate loaded; an unreadable file or a wrong key password is a
+    ``ConfigurationError`` here, before any I/O); without it, TLS disabled (PyMySQL would otherwise
+    try TLS without checking the server)."""
+    if not security.tls:
+        return {"ssl_disabled": True}
+    try:
+        return {"ssl": security.ssl_context()}
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise ConfigurationError(f"the TLS files cannot be used: {exc}") from None
 
 
 def is_retryable(exc: sqlalchemy.exc.DBAPIError) -> bool:

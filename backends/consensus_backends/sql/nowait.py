@@ -27,7 +27,6 @@ lease (``IntegrityError``) is ``SessionLostError`` there too.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,18 +38,14 @@ from sqlalchemy import Connection, Engine
 from consensus_api.backend import WouldBlock
 from consensus_api.errors import OperationTimeoutError, SessionLostError
 from consensus_api.model import Leadership, Versioned
-from consensus_backends.sql import ephemeral, store
-from consensus_backends.sql.engine import begin_sqlite
-from consensus_backends.sql.schema import Tables
+from consensus_backends.sql import election, membership, storage
+from consensus_backends.sql.client import begin_sqlite
+from consensus_backends.sql.layout import Tables
 from consensus_backends.sql.writelock import is_busy
 
 R = TypeVar("R")
 
 log = logging.getLogger("consensus_api.sql")
-
-#: The conformance suite's hook for freezing a client inside a fenced write (``backend.py``): such
-#: a write takes the ordinary path, which honours it.
-STOP_IN_FENCED_WRITE = "CONSENSUS_TEST_STOP_IN_FENCED_WRITE"
 
 
 class NowaitStore:
@@ -96,25 +91,25 @@ class NowaitStore:
             conn.close()
 
     def fetch(self, key: str) -> Versioned | None:
-        return self._read(lambda c: store.fetch(c, self._tables, key))
+        return self._read(lambda c: storage.fetch(c, self._tables, key))
 
     def keys(self, namespace: str) -> frozenset[str]:
-        return self._read(lambda c: store.keys(c, self._tables, namespace))
+        return self._read(lambda c: storage.keys(c, self._tables, namespace))
 
     def membership(self, group: str) -> dict[str, bytes]:
-        return self._read(lambda c: ephemeral.membership(c, self._tables, group))
+        return self._read(lambda c: membership.membership(c, self._tables, group))
 
     def leadership(self, service: str) -> Leadership | None:
-        return self._read(lambda c: ephemeral.leadership(c, self._tables, service))
+        return self._read(lambda c: election.leadership(c, self._tables, service))
 
     def put(self, key: str, value: bytes, fence: Leadership | None) -> int:
-        return self._write(lambda c: store.put(c, self._tables, key, value), fence)
+        return self._write(lambda c: storage.put(c, self._tables, key, value), fence)
 
     def update(self, key: str, value: bytes, version: int | None, fence: Leadership | None) -> int:
-        return self._write(lambda c: store.update_value(c, self._tables, key, value, version), fence)
+        return self._write(lambda c: storage.update_value(c, self._tables, key, value, version), fence)
 
     def delete(self, key: str, version: int | None, fence: Leadership | None) -> None:
-        self._write(lambda c: store.delete(c, self._tables, key, version), fence)
+        self._write(lambda c: storage.delete(c, self._tables, key, version), fence)
 
     def _read(self, work: Callable[[Connection], R]) -> R:
         """``work`` in one read transaction on the held connection, or ``WouldBlock``."""
@@ -125,15 +120,13 @@ class NowaitStore:
     def _write(self, work: Callable[[Connection], R], fence: Leadership | None) -> R:
         """``work`` in one write transaction (after the ``fence`` check) on the held connection if
         the write lock is free at once, else ``WouldBlock``."""
-        if fence is not None and STOP_IN_FENCED_WRITE in os.environ:
-            raise WouldBlock("the fenced-write test hook is set: the ordinary path honours it")
         with self._held() as conn:
             transaction = conn.begin()
             try:
                 begin_sqlite(conn, write=True)
                 renewing = self._renew_in(conn)
                 if fence is not None:
-                    ephemeral.check_fence(conn, self._tables, fence)
+                    election.check_fence(conn, self._tables, fence)
                 result = work(conn)
             except BaseException:
                 transaction.rollback()

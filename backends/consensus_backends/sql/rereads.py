@@ -32,9 +32,10 @@ from sqlalchemy import Engine
 
 from consensus_api.errors import BackendUnavailableError
 from consensus_api.model import Leadership, Versioned
-from consensus_backends.sql import ephemeral, statements, store
-from consensus_backends.sql.engine import describe_error, own_connection
-from consensus_backends.sql.schema import Tables
+from consensus_backends.sql import election, membership, statements, storage
+from consensus_backends.sql.client import own_connection
+from consensus_backends.sql.errors import describe_error
+from consensus_backends.sql.layout import Tables
 from consensus_backends.sql.watchdog import Watchdog
 
 #: The reads of ``consensus_api.backend.Reader``, by their statement's name in ``statements``.
@@ -54,16 +55,16 @@ class ChangeReader:
         self._conn: Any = None
 
     def fetch(self, key: str) -> Versioned | None:
-        return store.versioned(self._first("fetch", {"b_key": key}))
+        return storage.versioned(self._first("fetch", {"b_key": key}))
 
     def keys(self, namespace: str) -> frozenset[str]:
-        return store.key_set(self._rows("keys", {"b_parent": namespace}))
+        return storage.key_set(self._rows("keys", {"b_parent": namespace}))
 
     def membership(self, group: str) -> dict[str, bytes]:
-        return ephemeral.members(self._rows("membership", {"b_group": group}))
+        return membership.members(self._rows("membership", {"b_group": group}))
 
     def leadership(self, service: str) -> Leadership | None:
-        return ephemeral.leader(service, self._first("leadership", {"b_service": service}))
+        return election.leader(service, self._first("leadership", {"b_service": service}))
 
     def close(self) -> None:
         """Close the connection (waits for a read in progress: at most ``request_timeout``)."""
@@ -77,7 +78,7 @@ class ChangeReader:
     def _rows(self, read: str, params: dict[str, str]) -> list[Any]:
         """The statement's rows; a held connection that fails (a server restart since its last
         read) is replaced and the read sent once more: it is a read, and the new connection is fresh."""
-        import psycopg  # noqa: PLC0415 - PostgreSQL only
+        import psycopg  # noqa: PLC0415 - the postgresql extra, absent for other schemes
 
         deadline = time.monotonic() + self._timeout
         with self._lock:
@@ -104,7 +105,7 @@ class ChangeReader:
 
     def _held(self, deadline: float) -> Any:
         if self._conn is None:
-            from psycopg.rows import namedtuple_row  # noqa: PLC0415 - PostgreSQL only
+            from psycopg.rows import namedtuple_row  # noqa: PLC0415 - the postgresql extra, absent for other schemes
 
             self._conn = own_connection(self._engine, deadline)
             self._conn.row_factory = namedtuple_row

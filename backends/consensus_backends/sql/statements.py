@@ -13,8 +13,8 @@ from typing import Any
 
 from sqlalchemy import Column, Connection, Executable, and_, bindparam, func, insert, select
 
-from consensus_backends.sql.dialect import InsertIfAbsent, UpdateReturning
-from consensus_backends.sql.schema import MYSQL_DIALECTS, Tables, db_now
+from consensus_backends.sql.dialect import MYSQL_DIALECTS, InsertIfAbsent, UpdateReturning, db_now
+from consensus_backends.sql.layout import Tables
 
 #: Separates the fields of a PostgreSQL change notification: ``revision<TAB>kind<TAB>name``.
 NOTIFY_SEPARATOR = "\t"
@@ -93,6 +93,6 @@ def of(conn: Connection, t: Tables) -> Statements:
 def for_dialect(t: Tables, dialect: str) -> Statements:
     """``t``'s statements for ``dialect``, built on first use."""
     built = t.statements
-    if built is None or built.dialect != dialect:
+    if not isinstance(built, Statements) or built.dialect != dialect:
         built = t.statements = Statements(t, dialect)
     return built

@@ -3,7 +3,7 @@
 A paused server or a network that stopped delivering answers nothing while TCP
 keeps the connection up, so neither the server's ``statement_timeout`` nor TCP
 ends the driver's wait; shutting the socket down does, at once, with a
-disconnect error (``engine``'s module docstring has the other bounds).
+disconnect error (``client``'s module docstring has the other bounds).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ outcomes known:
 * The heartbeat tries for the lock every ``EAGER_PAUSE`` until its deadline
   (``begin_eagerly``), far more often than application writers, and an
   application write that holds the lock anyway renews the session's lease in
-  the same transaction when it is due (the backend's ``_renew_in``), so a
+  the same transaction when it is due (``lease.Lease.renew_in``), so a
   process that writes keeps its lease even while its heartbeat waits.
 * A write whose ``BEGIN IMMEDIATE`` failed with ``SQLITE_BUSY`` (``is_busy``)
   wrote nothing: it is retried within its deadline, else reported with

@@ -25,15 +25,16 @@ from consensus_api.errors import (
     SessionLostError,
 )
 from consensus_api.model import Leadership, Versioned
-from consensus_backends.zookeeper.connection import Connection
+from consensus_backends.zookeeper.changes import Watches
 from consensus_backends.zookeeper.election import Elections
+from consensus_backends.zookeeper.layout import Layout, chroot_of
+from consensus_backends.zookeeper.lease import Connection
 from consensus_backends.zookeeper.membership import Groups
-from consensus_backends.zookeeper.paths import Layout, chroot_of
+from consensus_backends.zookeeper.rereads import ChangeReader
 from consensus_backends.zookeeper.security import OPTIONS, Security
 from consensus_backends.zookeeper.storage import Storage
 from consensus_backends.zookeeper.txn import ensure
 from consensus_backends.zookeeper.walk import walk
-from consensus_backends.zookeeper.watches import Watches
 
 
 class ZooKeeperBackend(Backend):
@@ -52,7 +53,7 @@ class ZooKeeperBackend(Backend):
         self._groups = Groups(self._connection, self._layout, timeout)
         self._watches = Watches(self._connection.client, self._layout, events.changed, self._groups)
         self._storage = Storage(self._connection, self._layout, self._elections, timeout)
-        self._change_reader = _ChangeReader(self._storage, self._groups, self._elections)
+        self._change_reader = ChangeReader(self._storage, self._groups, self._elections)
 
     @property
     def name(self) -> str:
@@ -167,11 +168,8 @@ class ZooKeeperBackend(Backend):
         """See ``Watches.unwatch``."""
         self._watches.unwatch(target)
 
-    def change_reader(self) -> _ChangeReader:
-        """Re-reads after a watch fired skip the linearizing no-op write: ZooKeeper orders a
-        session's watch events and replies, so a plain read sent after the event sees that
-        change, and this session's reads never go back (the client reconnects only to servers
-        at least as recent as it has seen)."""
+    def change_reader(self) -> ChangeReader:
+        """Re-reads after a watch fired skip the linearizing no-op write (``rereads``)."""
         return self._change_reader
 
     def server_version(self) -> str | None:
@@ -199,22 +197,3 @@ class ZooKeeperBackend(Backend):
                 "tls_key": security.tls_key,
             }
         return identity
-
-
-class _ChangeReader:
-    """The backend's reads without the barrier (see ``ZooKeeperBackend.change_reader``)."""
-
-    def __init__(self, storage: Storage, groups: Groups, elections: Elections) -> None:
-        self._storage, self._groups, self._elections = storage, groups, elections
-
-    def fetch(self, key: str) -> Versioned | None:
-        return self._storage.fetch(key, linearizable=False)
-
-    def keys(self, namespace: str) -> frozenset[str]:
-        return self._storage.keys(namespace, linearizable=False)
-
-    def membership(self, group: str) -> dict[str, bytes]:
-        return self._groups.membership(group, linearizable=False)
-
-    def leadership(self, service: str) -> Leadership | None:
-        return self._elections.leadership(service, linearizable=False)

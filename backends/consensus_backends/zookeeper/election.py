@@ -35,8 +35,8 @@ from consensus_api.errors import (
     OperationTimeoutError,
 )
 from consensus_api.model import Leadership
-from consensus_backends.zookeeper.connection import Connection
-from consensus_backends.zookeeper.paths import Layout, candidate_id_of, sequence_of
+from consensus_backends.zookeeper.layout import Layout, candidate_id_of, sequence_of
+from consensus_backends.zookeeper.lease import Connection
 from consensus_backends.zookeeper.txn import Op, Txn, check, check_deadline, create, delete, ensure
 
 CZXID_CACHE = 4096

@@ -29,8 +29,8 @@ from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from consensus_api.errors import ConsensusError, MemberExistsError, NotAMemberError, OperationTimeoutError
 from consensus_backends.zookeeper import payload
-from consensus_backends.zookeeper.connection import Connection
-from consensus_backends.zookeeper.paths import Layout, decode_name, encode_name
+from consensus_backends.zookeeper.layout import Layout, decode_name, encode_name
+from consensus_backends.zookeeper.lease import Connection
 from consensus_backends.zookeeper.txn import Txn, check, check_deadline, create, delete, ensure
 
 log = logging.getLogger("consensus_api.zookeeper")

@@ -19,7 +19,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from consensus_api.errors import ConsensusError
-from consensus_backends.zookeeper.connection import Connection
+from consensus_backends.zookeeper.lease import Connection
 
 INLINE_LIMIT = 1_000_000
 CHUNK_SIZE = 1_000_000

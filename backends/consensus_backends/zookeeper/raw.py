@@ -34,8 +34,8 @@ from consensus_api import config
 from consensus_api.errors import ConsensusError
 from consensus_api.migrate.source import Changed
 from consensus_api.model import SessionState
-from consensus_backends.zookeeper.connection import Connection
-from consensus_backends.zookeeper.paths import chroot_of
+from consensus_backends.zookeeper.layout import chroot_of
+from consensus_backends.zookeeper.lease import Connection
 from consensus_backends.zookeeper.security import OPTIONS, Security
 
 log = logging.getLogger("consensus_api.zookeeper")

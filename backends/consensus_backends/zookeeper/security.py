@@ -32,7 +32,7 @@ from consensus_api import config
 from consensus_api.config import OptionParser, boolean
 from consensus_api.errors import ConfigurationError
 
-#: The backend's own options: ``tls`` enables the common security options (docs/spec.md section 2).
+#: The backend's own options: ``tls`` enables the common security options (<https://consensus-api.github.io/consensus-api/spec/#2-connecting>).
 OPTIONS: Mapping[str, OptionParser] = {"tls": boolean}
 
 MASK = "***"

@@ -1,4 +1,4 @@
-"""Key-value storage on marker and anchor znodes (layout in ``paths``).
+"""Key-value storage on marker and anchor znodes (where they live: ``layout``).
 
 Guarantees:
 
@@ -35,9 +35,9 @@ from consensus_api.errors import (
 from consensus_api.keys import join_key, parent_of
 from consensus_api.model import Leadership, Versioned
 from consensus_backends.zookeeper import payload
-from consensus_backends.zookeeper.connection import Connection
 from consensus_backends.zookeeper.election import Elections
-from consensus_backends.zookeeper.paths import CHUNK_PREFIX, MARKER, Layout, decode_name
+from consensus_backends.zookeeper.layout import CHUNK_PREFIX, MARKER, Layout, decode_name
+from consensus_backends.zookeeper.lease import Connection
 from consensus_backends.zookeeper.txn import (
     KnownPaths,
     Txn,

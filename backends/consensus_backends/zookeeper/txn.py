@@ -13,7 +13,7 @@ from kazoo.exceptions import NodeExistsError, RolledBackError
 from kazoo.exceptions import RuntimeInconsistency as Inconsistent
 
 from consensus_api.errors import ConsensusError, OperationTimeoutError
-from consensus_backends.zookeeper.connection import Connection
+from consensus_backends.zookeeper.lease import Connection
 
 Op = Callable[[Any], None]
 

@@ -25,8 +25,8 @@ from consensus_api.errors import ConsensusError
 from consensus_api.keys import join_key
 from consensus_api.model import Versioned
 from consensus_backends.zookeeper import payload
-from consensus_backends.zookeeper.connection import Connection
-from consensus_backends.zookeeper.paths import DIRECTORY, MARKER, Layout, decode_name
+from consensus_backends.zookeeper.layout import DIRECTORY, MARKER, Layout, decode_name
+from consensus_backends.zookeeper.lease import Connection
 from consensus_backends.zookeeper.txn import check_deadline
 
 #: Znodes per pipelined page of requests.

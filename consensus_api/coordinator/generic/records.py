@@ -8,6 +8,11 @@ percent-encoded, or a digest when too long)::
     key               _coordinator/<s>/generation    GenerationRecord (written by the arbiter, fenced)
     keys              _coordinator/<s>/joins/<n>/<m> JoinRecord: member m joins generation n (member)
     keys              _coordinator/<s>/assign/<n>/<l> AssignmentRecord of generation n by leader l (member l)
+    membership group  _static/<s>                    instance -> the start holding it (:mod:`..instance`)
+    keys              _static/<s>/<instance>         the instance's latest start (its claim)
+
+(The instances' seats are a group of their own, not one under ``_coordinator/<s>``: a group's
+name is not a prefix of another's.)
 
 An incremental group lives under ``_incremental/<s>`` (:class:`IncrementalLayout`): its
 membership group and election, the steward's ``state``, each member's ``owned/<m>``
@@ -65,6 +70,15 @@ class Layout:
 
     def assignment(self, generation: int, leader: str) -> str:
         return f"{self.assignments(generation)}/{leader}"
+
+    @property
+    def instances(self) -> str:
+        """The membership group of the static members' seats, one member per instance held."""
+        return f"_static/{group_segment(self.group)}"
+
+    def instance(self, instance: str) -> str:
+        """The claim of a static member's instance: the start that claimed it last."""
+        return f"{self.instances}/{instance}"
 
 
 def encode_offer(offer: Offer) -> bytes:

@@ -32,8 +32,9 @@ class Seat:
     (``wake`` asks the owner's thread to ``take`` the seat), so the group never stays leaderless.
 
     With ``rejoin`` the session re-joins the member and candidacy after a loss (``auto_rejoin``,
-    with the data of the first join); without it, ``lost(new_id)`` gives the seat a new member id
-    and ``take`` joins it afresh, with ``data()`` as it is then.
+    with the data of the first join); without it, ``take`` joins it afresh after ``lost``, with
+    ``data()`` as it is then, under a new member id if ``lost(new_id)`` gave one (else once the
+    lost session's member has expired).
     """
 
     def __init__(
@@ -74,9 +75,10 @@ class Seat:
 
     def lost(self, new_id: str | None = None) -> None:
         """The session was lost: the membership is void, ``take`` joins again (as ``new_id`` if
-        given: a seat without ``rejoin`` must be given one)."""
+        given) and, without ``rejoin``, stands again."""
         if new_id is not None:
-            self._id, self._restand = new_id, True  # the old id's candidacy went with the session
+            self._id = new_id
+        self._restand = self._restand or not self._rejoin  # the candidacy went with the session
         self._registered = False
 
     def close(self) -> None:

@@ -75,7 +75,10 @@ class GenericEngine(CoordinatorEngine):
         self._membership = GroupMembership(session, layout.root)
         self._record: Mirror[ValueChanged] = value_mirror(session, layout.record, host.wake)
         arbiter = Arbiter(session, layout, self._id, rebalance_timeout)
-        self._seat = Seat(session, layout.root, self._id, arbiter, host.wake)
+        # A static member joins again from its thread after a session loss, once its coordinator made
+        # sure that no later start of its instance took over (:mod:`..instance`), never by the session.
+        rejoin = host.group_instance_id is None
+        self._seat = Seat(session, layout.root, self._id, arbiter, host.wake, rejoin=rejoin)
         self._lock = threading.Lock()
         self._rejoin_requested = False
         self._held = -1  # the generation whose assignment the member holds

@@ -6,7 +6,7 @@ Durable as the backend's docs state: ``appendonly yes`` with ``appendfsync alway
 (an acknowledged write is in the append-only file before the reply), no RDB
 snapshots. Controlled by PID like the built-in servers
 (``consensus_testkit.process``): kill, pause and restart keep the port and
-the data dir. ``scripts/install.sh`` installs ``redis-server``.
+the data dir. ``consensus servers install redis`` installs ``redis-server``.
 
 The secure variant (``start(secure=True)``) serves clients only on a TLS port
 (client certificates required; certificates made at start in ``<dir>/certs``,
@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlencode
 
+from consensus_testkit.certificates import write_certificates
 from consensus_testkit.host import HOST, free_port, tcp_request
 from consensus_testkit.process import ServerHandle, launch
 
@@ -42,7 +43,9 @@ def _binary() -> str:
         "/usr/bin/redis-server" if Path("/usr/bin/redis-server").is_file() else None
     )
     if found is None:
-        raise RuntimeError("redis-server not found: run scripts/install.sh (Debian package redis-server)")
+        raise RuntimeError(
+            "redis-server not found: run `consensus servers install redis` (Debian package redis-server)"
+        )
     return found
 
 
@@ -54,8 +57,6 @@ def probe(port: int) -> bool:
 
 def _tls_config(directory: Path, tls_port: int) -> tuple[str, str]:
     """The secure variant's config lines and its URL's user, password, path and TLS options."""
-    from consensus_testkit.certificates import write_certificates  # noqa: PLC0415 - secure only
-
     certs = write_certificates(directory / "certs")
     password = secrets.token_urlsafe(16)
     digest = hashlib.sha256(password.encode()).hexdigest()

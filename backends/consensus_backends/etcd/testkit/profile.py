@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from consensus_api.config import BackendURL
-from consensus_backends.etcd._channel import TLS
-from consensus_backends.etcd._client import EtcdClient
+from consensus_backends.etcd.channel import TLS
+from consensus_backends.etcd.client import EtcdClient
 from consensus_testkit.profile import TestProfile, moved_to_free_port
 
 #: The TLS file options, in the order of ``TLS``'s fields.

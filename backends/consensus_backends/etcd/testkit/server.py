@@ -1,5 +1,5 @@
-"""etcd test server: a single-member cluster of etcd ``ETCD_VERSION``, which ``scripts/install.sh``
-builds into the cache dir (``$CONSENSUS_ETCD_BINARY`` names another binary).
+"""etcd test server: a single-member cluster of etcd ``ETCD_VERSION``, which ``consensus servers install
+etcd`` builds into the cache dir (``$CONSENSUS_ETCD_BINARY`` names another binary).
 
 Fast heartbeat/election settings make the lone member leader in ~0.1 s.
 ``--unsafe-no-fsync`` is on: data survives a process kill, not a machine crash.
@@ -27,26 +27,27 @@ from urllib.parse import urlencode
 
 import psutil
 
+from consensus_testkit.certificates import write_certificates
 from consensus_testkit.cluster import FOLLOWER, LEADER, NodeStatus
 from consensus_testkit.host import HOST, cache_dir, free_port
 from consensus_testkit.process import ServerHandle, launch
 
 START_TIMEOUT = 30.0
-#: The etcd release the suite runs; scripts/install.sh reads it from here.
+#: The etcd release the suite runs, which ``consensus servers install etcd`` builds.
 ETCD_VERSION = "3.6.16"
-#: Names an etcd binary to run instead of the one scripts/install.sh builds.
+#: Names an etcd binary to run instead of the one ``consensus servers install etcd`` builds.
 BINARY_VARIABLE = "CONSENSUS_ETCD_BINARY"
 
 
 def binary(tool: str = "etcd") -> str:
     """The path of ``etcd`` (or ``etcdctl``, its sibling): ``$CONSENSUS_ETCD_BINARY`` when set, else
-    ``<cache>/etcd-<ETCD_VERSION>/``; RuntimeError naming scripts/install.sh when it is missing."""
+    ``<cache>/etcd-<ETCD_VERSION>/``; RuntimeError naming what installs it when it is missing."""
     chosen = os.environ.get(BINARY_VARIABLE)
     server = Path(chosen) if chosen else cache_dir() / f"etcd-{ETCD_VERSION}" / "etcd"
     path = server if tool == "etcd" else server.with_name(tool)
     if not (path.is_file() and os.access(path, os.X_OK)):
         origin = f"${BINARY_VARIABLE}" if chosen else f"etcd {ETCD_VERSION}"
-        raise RuntimeError(f"{tool} not found at {path} ({origin}): run scripts/install.sh")
+        raise RuntimeError(f"{tool} not found at {path} ({origin}): run `consensus servers install etcd`")
     return str(path)
 
 
@@ -56,20 +57,16 @@ SECURE_PREFIX = "/consensus/"
 
 
 def probe(port: int) -> bool:
-    """A linearizable range request succeeds (or, with auth on, is refused for want of a user) only
-    when the member is leader and serving."""
-    request = urllib.request.Request(
-        f"http://{HOST}:{port}/v3/kv/range",
-        data=b'{"key":"Zm9v"}',
-        headers={"Content-Type": "application/json"},
-    )
+    """Whether the member at ``port`` is ready: its ``/health`` reports a leader and a linearizable read
+    through it (which etcd makes as root: auth on or off). Not a read through the JSON gateway: with a TLS
+    and a plain listener, etcd picks at random the one its gateway dials, and over TLS the gateway's
+    requests carry the server certificate's CN as their user name, which auth refuses."""
     try:
-        with urllib.request.urlopen(request, timeout=1) as response:
-            return b'"header"' in response.read()
-    except urllib.error.HTTPError as refused:
-        return b"user name is empty" in refused.read()
-    except (urllib.error.URLError, OSError):
+        with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=1) as response:
+            answer = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
         return False
+    return isinstance(answer, dict) and answer.get("health") == "true"
 
 
 def status(port: int) -> NodeStatus | None:
@@ -202,8 +199,6 @@ def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
             "etcd", f"etcd://{HOST}:{client}", client, directory, command=command, probe=lambda: probe(client)
         )
         return launch(handle, START_TIMEOUT)
-    from consensus_testkit.certificates import write_certificates  # noqa: PLC0415 - secure only
-
     certs = write_certificates(directory / "certs")
     plain = free_port()
     (directory / "probe-port").write_text(str(plain))  # testing.PROBE_PORT_FILE

@@ -38,6 +38,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kafka.errors import KafkaError
+
 from consensus_backends.kafka.testkit.server import (
     LOG4J2,
     TOOL_JVM,
@@ -299,8 +301,6 @@ def group_coordinator(port: int, group_id: str) -> int | None:
 
 def log_leader(port: int, topic: str) -> int | None:
     """The node id leading partition 0 of ``topic``, as the broker at ``port`` says."""
-    from kafka.errors import KafkaError  # noqa: PLC0415 - the testing extra
-
     admin = admin_client(port)
     if admin is None:
         return None
@@ -317,8 +317,6 @@ def log_leader(port: int, topic: str) -> int | None:
 def in_sync(port: int) -> bool | None:
     """Whether every partition of every topic has all its replicas in its ISR, as the broker at
     ``port`` says; None if it does not answer."""
-    from kafka.errors import KafkaError  # noqa: PLC0415 - the testing extra
-
     admin = admin_client(port)
     if admin is None:
         return None

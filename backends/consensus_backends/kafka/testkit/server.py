@@ -1,6 +1,6 @@
 """Kafka test server: one KRaft node (broker + controller) from Maven Central jars.
 
-The jars come from ``kafka-pom.xml`` via ``scripts/install.sh`` into
+The jars come from ``kafka-pom.xml`` via ``consensus servers install kafka`` into
 ``<cache>/kafka-<version>/libs``. Settings favour tests: no topic
 auto-creation, no initial rebalance delay, 1 s minimum group session,
 replication factor 1 and one partition for internal topics, and a 3 s broker
@@ -36,6 +36,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from kafka.admin import (
+    ACL,
+    ACLOperation,
+    ACLPermissionType,
+    ACLResourcePatternType,
+    KafkaAdminClient,
+    ResourcePattern,
+    ResourceType,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+from kafka.errors import KafkaError
+
+from consensus_testkit.certificates import write_certificates
 from consensus_testkit.host import HOST, cache_dir, free_port, java_binary, run_checked
 from consensus_testkit.process import ServerHandle, launch
 
@@ -71,10 +85,10 @@ def kafka_version() -> str:
 
 
 def libs_dir() -> Path:
-    """The dir holding the broker jars; RuntimeError naming scripts/install.sh when it is not complete."""
+    """The dir holding the broker jars; RuntimeError naming what fetches them when it is not complete."""
     libs = cache_dir() / f"kafka-{kafka_version()}" / "libs"
     if not (libs / ".complete").is_file():
-        raise RuntimeError(f"Kafka jars not found in {libs}: run scripts/install.sh")
+        raise RuntimeError(f"Kafka jars not found in {libs}: run `consensus servers install kafka`")
     return libs
 
 
@@ -150,18 +164,6 @@ def _secure_properties(certs: Path, listeners: dict[str, int], proxy: int) -> st
 
 def _add_user_and_acls(plain: int, password: str) -> None:
     """``SECURE_USER`` with ``password`` (SCRAM-SHA-512) and its prefixed ACLs, over the plain listener."""
-    from kafka.admin import (  # noqa: PLC0415 - secure only
-        ACL,
-        ACLOperation,
-        ACLPermissionType,
-        ACLResourcePatternType,
-        KafkaAdminClient,
-        ResourcePattern,
-        ResourceType,
-        ScramMechanism,
-        UserScramCredentialUpsertion,
-    )
-
     admin = KafkaAdminClient(bootstrap_servers=f"{HOST}:{plain}", request_timeout_ms=10_000)
     try:
         admin.alter_user_scram_credentials(
@@ -201,8 +203,6 @@ def probe(port: int) -> bool:
         socket.create_connection((HOST, port), timeout=1).close()
     except OSError:
         return False  # not listening yet: skip the costlier client bootstrap
-    from kafka.errors import KafkaError  # noqa: PLC0415 - only needed once a server is started
-
     admin = admin_client(port)
     if admin is None:
         return False
@@ -217,9 +217,6 @@ def probe(port: int) -> bool:
 def admin_client(port: int) -> Any:
     """A ``KafkaAdminClient`` of the broker at ``port`` (2 s to bootstrap, 2 s per request), or None
     if it cannot bootstrap. The caller closes it."""
-    from kafka.admin import KafkaAdminClient  # noqa: PLC0415 - the testing extra
-    from kafka.errors import KafkaError  # noqa: PLC0415
-
     try:
         return KafkaAdminClient(
             bootstrap_servers=f"{HOST}:{port}", bootstrap_timeout_ms=2000, request_timeout_ms=2000
@@ -231,7 +228,7 @@ def admin_client(port: int) -> Any:
 def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
     """Format and start a fresh single-node KRaft Kafka on free loopback ports.
 
-    Returns once a client can bootstrap; RuntimeError naming scripts/install.sh when the jars are missing.
+    Returns once a client can bootstrap; RuntimeError naming what fetches the jars when they are missing.
     """
     java = java_binary()
     classpath = str(libs_dir() / "*")
@@ -241,8 +238,6 @@ def start(workdir: Path | None = None, *, secure: bool = False) -> ServerHandle:
     properties = _server_properties(directory, broker, controller, proxied, proxy)
     url, probe_port, password = f"kafka://{HOST}:{broker}", broker, ""
     if secure:
-        from consensus_testkit.certificates import write_certificates  # noqa: PLC0415 - secure only
-
         certs = write_certificates(directory / "certs")
         probe_port = free_port()
         (directory / "probe-port").write_text(str(probe_port))  # testing.PROBE_PORT_FILE

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from consensus_testkit.certificates import write_certificates
 from consensus_testkit.host import HOST, cache_dir, free_port, run_checked
 from consensus_testkit.process import ServerHandle, launch
 
@@ -42,7 +43,7 @@ def _bindir() -> Path:
     on_path = shutil.which("postgres")
     if on_path:
         return Path(on_path).resolve().parent
-    raise RuntimeError("PostgreSQL is not installed: run scripts/install.sh")
+    raise RuntimeError("PostgreSQL is not installed: run `consensus servers install postgresql`")
 
 
 def _owner() -> pwd.struct_passwd:
@@ -109,7 +110,7 @@ _ASKS_FOR_PASSWORD = ("no password supplied", "password authentication failed")
 def probe(port: int) -> bool:
     """``select 1`` answers as ``postgres`` without a password, or the server asks for one (secure variant:
     it only does that once it accepts connections)."""
-    import psycopg  # noqa: PLC0415 - only needed once a server is started
+    import psycopg  # noqa: PLC0415 - the postgresql extra (the mariadb launcher loads this module too)
 
     try:
         with psycopg.connect(
@@ -130,8 +131,6 @@ def _secure_setup(
 ) -> tuple[list[str], str]:
     """Certificates, pg_hba.conf and passwords for the secure variant (single-user mode, passwords on
     stdin); the server's extra arguments and the application user's password."""
-    from consensus_testkit.certificates import write_certificates  # noqa: PLC0415 - secure only
-
     certs = write_certificates(directory / "certs")
     for path in (certs, *certs.iterdir()):
         os.chown(path, owner.pw_uid, owner.pw_gid)

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from consensus_api.config import BackendURL
-from consensus_backends.sql.schema import MYSQL_DIALECTS
+from consensus_backends.sql.dialect import MYSQL_DIALECTS
+from consensus_backends.sql.testkit.freeze import stop_inside_write
 from consensus_testkit.profile import TestProfile, moved_to_free_port
 
 
@@ -42,7 +43,7 @@ def _expire_sqlite(url: BackendURL, identity: Mapping[str, Any], timeout: float)
 
 
 def _expire_postgresql(url: BackendURL, identity: Mapping[str, Any], timeout: float) -> None:
-    import psycopg  # noqa: PLC0415 - the postgresql extra
+    import psycopg  # noqa: PLC0415 - the postgresql extra, absent for other schemes
 
     statement, session_id = _expiry_statement(identity)
     endpoint = url.endpoints[0]
@@ -63,6 +64,11 @@ def _expire_mariadb(url: BackendURL, identity: Mapping[str, Any], timeout: float
 
     statement, session_id = _expiry_statement(identity)
     endpoint = url.endpoints[0]
+    files: Mapping[str, str | None] | None = identity.get("tls")
+    tls: dict[str, Any] = {"ssl_disabled": True}
+    if files is not None:  # the secure server: TLS, with the session's own CA and client certificate
+        tls = {"ssl_ca": files["tls_ca"], "ssl_cert": files["tls_cert"], "ssl_key": files["tls_key"]}
+        tls["ssl_verify_identity"] = True
     connection = pymysql.connect(
         host=endpoint.host,
         port=endpoint.port or 3306,
@@ -73,6 +79,7 @@ def _expire_mariadb(url: BackendURL, identity: Mapping[str, Any], timeout: float
         read_timeout=timeout,
         write_timeout=timeout,
         autocommit=True,
+        **tls,
     )
     try:
         with connection.cursor() as cursor:
@@ -104,7 +111,7 @@ SQLITE = TestProfile(
         "cluster": "SQLite is a file, not a replicated cluster",
     },
     credentials_in_url=False,
-    stops_inside_write=True,
+    stop_inside_write=stop_inside_write,
 )
 
 POSTGRESQL = TestProfile(
@@ -114,7 +121,7 @@ POSTGRESQL = TestProfile(
     expire_session=_expire_postgresql,
     unreachable_url=moved_to_free_port,
     not_applicable={"database_file": "a database-file fault (SQLite only)", "cluster": SQL_CLUSTER},
-    stops_inside_write=True,
+    stop_inside_write=stop_inside_write,
 )
 
 MARIADB = TestProfile(
@@ -124,7 +131,7 @@ MARIADB = TestProfile(
     expire_session=_expire_mariadb,
     unreachable_url=moved_to_free_port,
     not_applicable={"database_file": "a database-file fault (SQLite only)", "cluster": SQL_CLUSTER},
-    stops_inside_write=True,
+    stop_inside_write=stop_inside_write,
 )
 
 

@@ -48,7 +48,7 @@ CONNECT_TIMEOUT_MS = 1000
 def start_ensemble(workdir: Path | None, nodes: int) -> ClusterHandle:
     """Start ``nodes`` ZooKeeper servers as one ensemble and wait until it serves; RuntimeError with
     the logs' tails otherwise (nothing is left running then)."""
-    java_binary()  # RuntimeError naming scripts/install.sh before anything starts
+    java_binary()  # RuntimeError naming what to install before anything starts
     _classpath()
     directory = Path(tempfile.mkdtemp(prefix="zookeeper-ensemble-", dir=workdir))
     ids = range(1, nodes + 1)

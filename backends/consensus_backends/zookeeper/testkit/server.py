@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from kazoo.client import KazooClient
+from kazoo.security import make_digest_acl
+
+from consensus_testkit.certificates import write_certificates
 from consensus_testkit.cluster import NodeStatus
 from consensus_testkit.host import HOST, free_port, java_binary, tcp_request
 from consensus_testkit.process import ServerHandle, launch
@@ -34,7 +38,7 @@ def _classpath() -> str:
     """Debian's ZooKeeper jar (its manifest brings the rest) plus a log4j 1.2 binding when present."""
     jar = JAVA_DIR / "zookeeper.jar"
     if not jar.is_file():
-        raise RuntimeError(f"{jar} not found: run scripts/install.sh")
+        raise RuntimeError(f"{jar} not found: run `consensus servers install zookeeper`")
     extra = [JAVA_DIR / "slf4j-log4j12.jar", JAVA_DIR / "log4j-1.2.jar"]
     parts = [jar, *extra] if all(p.is_file() for p in extra) else [jar]
     return ":".join(str(p) for p in parts)
@@ -54,8 +58,6 @@ SECURE_CHROOT = "/consensus"
 
 
 def _tls_config(directory: Path, secure_port: int) -> str:
-    from consensus_testkit.certificates import write_certificates  # noqa: PLC0415 - secure only
-
     certs = write_certificates(directory / "certs")
     return (
         f"secureClientPort={secure_port}\n"
@@ -69,9 +71,6 @@ def _tls_config(directory: Path, secure_port: int) -> str:
 def _protect_chroot(port: int, password: str) -> None:
     """The secure variant's ACLs (set over the plain port): the chroot admits only ``SECURE_USER``,
     ``/elsewhere`` only another user."""
-    from kazoo.client import KazooClient  # noqa: PLC0415 - secure only
-    from kazoo.security import make_digest_acl  # noqa: PLC0415
-
     client = KazooClient(hosts=f"{HOST}:{port}", timeout=10)
     client.start(timeout=10)
     try:
