@@ -83,7 +83,9 @@ class Launcher:
     ``secure`` says the launcher has a TLS and password variant; ``probe(port)``:
     whether the server at ``port`` serves; ``cluster``: set when the launcher
     also starts replicated clusters; ``needs``: what the server needs on the
-    machine, which ``consensus servers install NAME`` installs.
+    machine, which ``consensus servers install NAME`` installs; ``environment(server)``:
+    variables ``consensus servers run`` exports to COMMAND besides the server's URL
+    and control file (what a client needs to use the server as it runs).
     """
 
     name: str
@@ -92,6 +94,7 @@ class Launcher:
     secure: bool = False
     cluster: ClusterLauncher | None = None
     needs: tuple[Prerequisite, ...] = ()
+    environment: Callable[[ServerHandle], Mapping[str, str]] | None = None
 
 
 @cache

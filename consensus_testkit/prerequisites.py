@@ -2,9 +2,10 @@
 
 A launcher names its server's prerequisites (``Launcher.needs``): Debian
 packages (``DebianPackage``, installed by ``apt-get`` as root), jars fetched
-with Maven (``MavenJars``) and binaries built with Go (``GoBuild``), both into
-the cache dir (``consensus_testkit.host.cache_dir``), and tools only a person
-can install (``Tool``, e.g. Go itself). ``consensus servers install NAME``
+with Maven (``MavenJars``), binaries built with Go (``GoBuild``) and Python
+environments made with pip (``PythonEnvironment``), all into the cache dir
+(``consensus_testkit.host.cache_dir``), and tools only a person can install
+(``Tool``, e.g. Go itself). ``consensus servers install NAME``
 installs what is missing (``install``); starting a server without its
 prerequisites is one ``NotInstalledError`` naming that command.
 """
@@ -17,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -169,7 +171,48 @@ class GoBuild:
         say(f"{self.what} built ({self.directory})")
 
 
-Prerequisite = DebianPackage | Tool | MavenJars | GoBuild
+@dataclass(frozen=True, kw_only=True)
+class PythonEnvironment:
+    """A virtual environment of this Python in ``<cache>/<into>`` holding ``packages`` (pip
+    requirements) and their dependencies only, complete when its marker file names exactly these
+    (other packages make it again)."""
+
+    what: str
+    into: str
+    packages: tuple[str, ...]
+
+    @property
+    def directory(self) -> Path:
+        return cache_dir() / self.into
+
+    @property
+    def python(self) -> Path:
+        """The environment's interpreter."""
+        return self.directory / "bin" / "python"
+
+    def installed(self) -> bool:
+        marker = self.directory / ".complete"
+        return self.python.is_file() and marker.is_file() and marker.read_text() == "\n".join(self.packages)
+
+    def how(self) -> str:
+        return f"a virtual environment made with pip in {self.directory}"
+
+    def requires(self) -> tuple[Prerequisite, ...]:
+        return ()
+
+    def fetch(self, say: Say) -> None:
+        say(f"making {self.what} in {self.directory}: pip install {' '.join(self.packages)}")
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.directory.mkdir(parents=True)
+        log = self.directory / "pip.log"
+        run_checked([sys.executable, "-m", "venv", str(self.directory)], log, "python -m venv")
+        install = [str(self.python), "-m", "pip", "install", "--disable-pip-version-check", *self.packages]
+        run_checked(install, log, "pip install", timeout=FETCH_TIMEOUT)
+        (self.directory / ".complete").write_text("\n".join(self.packages))
+        say(f"{self.what}: {self.python}")
+
+
+Prerequisite = DebianPackage | Tool | MavenJars | GoBuild | PythonEnvironment
 
 
 def _sha256(path: Path) -> str:
@@ -233,8 +276,8 @@ def install(needs: Iterable[Prerequisite], *, run_apt: bool, say: Say) -> list[s
     one line each: what to run or do.
 
     Debian packages are installed with one ``apt-get`` run when ``run_apt`` (as root), else the
-    ``apt-get`` line is returned; jars and binaries are fetched or built into the cache dir once
-    what fetches them is there. RuntimeError when a fetch or build fails.
+    ``apt-get`` line is returned; jars, binaries and Python environments are fetched, built or made
+    in the cache dir once what fetches them is there. RuntimeError when a fetch or build fails.
     """
     ordered = with_requirements(needs)
     debian = [need for need in ordered if isinstance(need, DebianPackage) and not need.installed()]
@@ -250,7 +293,9 @@ def install(needs: Iterable[Prerequisite], *, run_apt: bool, say: Say) -> list[s
     for need in ordered:
         if need.installed():
             say(f"{need.what}: ok")
-        elif isinstance(need, MavenJars | GoBuild) and all(each.installed() for each in need.requires()):
+        elif isinstance(need, MavenJars | GoBuild | PythonEnvironment) and all(
+            each.installed() for each in need.requires()
+        ):
             need.fetch(say)
         elif isinstance(need, Tool):
             left.append(need.how())

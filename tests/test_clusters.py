@@ -57,9 +57,11 @@ def test_links_of_picks_the_links_of_one_node() -> None:
 
 
 def test_start_cluster_refuses_what_it_cannot_start() -> None:
-    with pytest.raises(ValueError, match="no cluster launcher"):
+    with pytest.raises(
+        ConfigurationError, match=r"no cluster launcher for 'postgresql'; clusters: .*zookeeper"
+    ):
         start_cluster("postgresql")
-    with pytest.raises(ValueError, match="odd number"):
+    with pytest.raises(ConfigurationError, match="odd number"):
         start_cluster("zookeeper", 2)
 
 
@@ -67,9 +69,9 @@ def test_start_cluster_refuses_what_it_cannot_start() -> None:
     ("args", "message"),
     [
         (["zookeeper", "--nodes", "2"], "odd and at least 3"),
-        (["zookeeper", "etcd", "--nodes", "3"], "as a cluster"),
-        (["postgresql", "--nodes", "3"], "as a cluster"),
-        (["zookeeper", "--secure", "--nodes", "3"], "as a cluster"),
+        (["zookeeper", "etcd", "--nodes", "3"], "starts one server whose launcher starts clusters"),
+        (["postgresql", "--nodes", "3"], "starts one server whose launcher starts clusters"),
+        (["zookeeper", "--secure", "--nodes", "3"], "without --secure"),
     ],
 )
 def test_servers_run_nodes_usage_errors(args: list[str], message: str) -> None:

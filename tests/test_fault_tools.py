@@ -255,6 +255,9 @@ def test_an_exception_in_a_prober_fails_its_fault_test(tmp_path: Path) -> None:
     assert "1 passed" in control.stdout, control.stdout
 
 
+PLAIN = "secured_server"
+
+
 @pytest.mark.parametrize(
     ("url", "server", "declared"),
     [
@@ -263,13 +266,23 @@ def test_an_exception_in_a_prober_fails_its_fault_test(tmp_path: Path) -> None:
             None,
             {"requires_server", "secured_server", "freezes_a_writer", "cluster", "session_roles"},
         ),
-        ("postgresql://u@127.0.0.1:5432/db", "postgresql", {"database_file", "cluster", "session_roles"}),
-        ("mariadb://u:pw@127.0.0.1:3306/db", "mariadb", {"database_file", "cluster", "session_roles"}),
-        ("zk://127.0.0.1:2181/ct", "zookeeper", {"database_file", "cluster", "session_roles"}),
-        ("zk://127.0.0.1:2181,127.0.0.1:2182/ct", "zookeeper", {"database_file", "session_roles"}),
-        ("etcd://127.0.0.1:2379/ct", "etcd", {"database_file", "cluster", "session_roles"}),
-        ("kafka://127.0.0.1:9092/ct", "kafka", {"database_file", "cluster"}),
-        ("kafka://127.0.0.1:9092,127.0.0.1:9093/ct", "kafka", {"database_file"}),
+        # a URL without tls_ca names a plain server: the security section does not apply there
+        (
+            "postgresql://u@127.0.0.1:5432/db",
+            "postgresql",
+            {"database_file", "cluster", "session_roles", PLAIN},
+        ),
+        ("mariadb://u:pw@127.0.0.1:3306/db", "mariadb", {"database_file", "cluster", "session_roles", PLAIN}),
+        ("zk://127.0.0.1:2181/ct", "zookeeper", {"database_file", "cluster", "session_roles", PLAIN}),
+        ("zk://127.0.0.1:2181,127.0.0.1:2182/ct", "zookeeper", {"database_file", "session_roles", PLAIN}),
+        ("etcd://127.0.0.1:2379/ct", "etcd", {"database_file", "cluster", "session_roles", PLAIN}),
+        (
+            "etcd://u:pw@127.0.0.1:2379/ct?tls_ca=/certs/ca.pem",
+            "etcd",
+            {"database_file", "cluster", "session_roles"},
+        ),
+        ("kafka://127.0.0.1:9092/ct", "kafka", {"database_file", "cluster", PLAIN}),
+        ("kafka://127.0.0.1:9092,127.0.0.1:9093/ct", "kafka", {"database_file", PLAIN}),
     ],
 )
 def test_every_builtin_backend_declares_its_profile(
@@ -312,9 +325,11 @@ def test_a_profile_that_does_not_add_up_is_refused() -> None:
 
 
 def test_a_backend_without_a_profile_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A backend that declares no test profile gets a ConfigurationError naming the guide, never a
-    default."""
+    """A scheme whose backend registers no test profile (entry-point group consensus_testkit.profiles)
+    gets a ConfigurationError naming the known schemes, never a default."""
     monkeypatch.setattr(registry, "_registered", {})
     registry.register("noprofile", "consensus_api.backend:Backend")
-    with pytest.raises(ConfigurationError, match="declares no test profile"):
+    with pytest.raises(
+        ConfigurationError, match=r"no test profile for the URL scheme 'noprofile'; known schemes: .*etcd"
+    ):
         profile_for("noprofile://127.0.0.1:1/ct")

@@ -93,6 +93,7 @@ CASES: dict[str, Case] = {
         lambda impostor: "client" in impostor.client_names,
         "the client certificate presented, its key decrypted with tls_key_password",
     ),
+    # Not a core option: the core refuses it as unknown, before any I/O, until backends honour it.
     "tls_server_name": Case(
         {"tls_ca": CA_FILE, "tls_server_name": "evil.example"},
         "other-host",

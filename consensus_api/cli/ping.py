@@ -26,7 +26,8 @@ def ping(url: str | None, as_json: bool) -> None:
 
     URL defaults to --url before the command, then $CONSENSUS_URL, then consensus.toml,
     then sqlite:///consensus.db (which ping never creates). Exit status 2 when the backend
-    is unreachable within connect_timeout.
+    is unreachable within connect_timeout; on SQLite also while another process holds the
+    database's write lock (a process frozen inside a write), and the message names that process.
     """
     began = time.monotonic()
     with open_session(given_url(url), read_only=True) as session:

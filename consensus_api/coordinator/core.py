@@ -107,7 +107,9 @@ class Coordinator(GroupMember, EngineHost):
         if engine is None:  # the generic engine, on the session's storage, membership and election
             engine = GenericEngine(session, self.group, self.protocol_type, self, self.rebalance_timeout)
         self._engine: CoordinatorEngine = engine
-        self._seat = None if self._instance is None else InstanceSeat(session, self.group, self._instance, self.wake)
+        self._seat = (
+            None if self._instance is None else InstanceSeat(session, self.group, self._instance, self.wake)
+        )
         session.add_state_listener(self._on_state)
 
     # The public interface

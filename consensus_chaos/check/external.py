@@ -5,7 +5,8 @@ a history is linearizable iff each key's is) and each key is searched on its
 own with the WGL search and the file's model. ``check_objects`` is the
 per-bucket function: the local engine calls it in this process, the Spark job
 once per bucket of keys (``pmod(xxhash64(file, key), buckets)``); a key is
-never split, so both reach the same verdicts. A file's verdict: ``invalid``
+never split, so both reach the same verdicts. With Spark the executors read
+and parse the files too (``binaryFiles`` of the URL, ``checker.spark_io``). A file's verdict: ``invalid``
 if it cannot be parsed, else ``violation`` if a key is not linearizable, else
 ``unknown`` if a key's search ran out of budget, else ``ok``.
 """
@@ -15,9 +16,11 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 
@@ -26,6 +29,7 @@ from consensus_chaos.check import jepsen, models, wgl
 from consensus_chaos.check.ops import COLUMNS, INVALID, OP_ID, PASS, UNKNOWN, VIOLATION, Operation, bar
 from consensus_chaos.check.shrink import Item, search_items, shrink
 from consensus_chaos.check.spark import spark_session
+from consensus_chaos.check.spark_io import history_url, local_path, readable, ship_code
 
 INPUT_COLUMNS: Final = {
     "file": "string",
@@ -66,14 +70,15 @@ def _decode(text: str) -> models.Op:
     return (f, models.NIL if a == [] else a, models.NIL if b == [] else b)
 
 
-def to_table(files: dict[str, list[jepsen.ExternalOp]]) -> Any:
-    """The operations of parsed files as one Arrow table (``INPUT_COLUMNS``)."""
-    rows = [
-        {"file": name, "key": o.key, "process": o.process, "call": o.call, "ret": o.ret, "op": _encode(o.op)}
-        for name, ops in files.items()
-        for o in ops
-    ]
-    return pa.Table.from_pylist(rows, schema=_arrow_schema(INPUT_COLUMNS))
+def to_table(rows: list[tuple[Any, ...]]) -> Any:
+    """Operations as input rows (``parse_file``) in one Arrow table (``INPUT_COLUMNS``)."""
+    return pa.Table.from_pylist([dict(zip(INPUT_COLUMNS, row, strict=True)) for row in rows],
+                                schema=_arrow_schema(INPUT_COLUMNS))  # fmt: skip
+
+
+def input_ddl() -> str:
+    """The input schema as a Spark DDL string."""
+    return ", ".join(f"`{name}` {kind}" for name, kind in INPUT_COLUMNS.items())
 
 
 def _operation(process: int, call: int, ret: int | None) -> Operation:
@@ -121,25 +126,57 @@ def _explain(
     return {"message": message, "window": window, "timeline": timeline, "prefix": len(result.order)}
 
 
-def run_objects(
-    table: pa.Table, model_name: str, budget: wgl.Budget, explain: bool, session: Any
-) -> pa.Table:
-    """``check_objects`` on the Spark engine: the keys of ``table`` hashed into buckets, one call per
-    bucket on ``session``; returns its output rows."""
+def run_files(
+    url: str,
+    show: Callable[[str], str],
+    *,
+    fmt: str,
+    model_name: str,
+    budget: wgl.Budget,
+    explain: bool,
+    session: Any,
+) -> tuple[dict[str, FileVerdict], pa.Table]:
+    """``check_files`` on Spark: the executors read and parse the files at ``url`` (``binaryFiles``;
+    ``show`` gives a file's name from Spark's), then check the keys hashed into buckets, one call of
+    ``check_objects`` per bucket. Returns the verdicts by file so far and the output rows."""
     from pyspark.sql import functions as F  # noqa: N812, PLC0415 - pyspark, the optional spark extra
 
-    objects = len(set(zip(table.column("file").to_pylist(), table.column("key").to_pylist(), strict=True)))
-    cores = session.sparkContext.defaultParallelism
-    buckets = max(1, min(objects, 4 * cores))
-    session.conf.set("spark.sql.shuffle.partitions", str(buckets))
-    frame = session.createDataFrame(table).withColumn(
-        "bucket", F.expr(f"pmod(xxhash64(file, key), {buckets})")
-    )
+    ship_code(session.sparkContext)
+    files = session.sparkContext.binaryFiles(url)
+    parsed = files.map(lambda item: parse_file(show(item[0]), item[1], fmt, model_name)).cache()
+    try:
+        verdicts = {v.path: v for v in sorted(parsed.keys().collect(), key=lambda v: v.path)}
+        if not verdicts:
+            raise ConfigurationError(f"no history file in {url}")
+        objects = sum(v.keys for v in verdicts.values())
+        if not objects:
+            return verdicts, check_objects(to_table([]), model_name, budget, explain)
+        buckets = max(1, min(objects, 4 * session.sparkContext.defaultParallelism))
+        session.conf.set("spark.sql.shuffle.partitions", str(buckets))
+        frame = session.createDataFrame(parsed.flatMap(lambda each: each[1]), schema=input_ddl())
+        keyed = frame.withColumn("bucket", F.expr(f"pmod(xxhash64(file, key), {buckets})"))
 
-    def check_bucket(bucket: pa.Table) -> pa.Table:  # the hints tell Spark this takes a whole group
-        return check_objects(bucket.drop_columns(["bucket"]), model_name, budget, explain)
+        def check_bucket(bucket: pa.Table) -> pa.Table:  # the hints tell Spark this takes a whole group
+            return check_objects(bucket.drop_columns(["bucket"]), model_name, budget, explain)
 
-    return frame.groupBy("bucket").applyInArrow(check_bucket, schema=spark_ddl()).toArrow()
+        return verdicts, keyed.groupBy("bucket").applyInArrow(check_bucket, schema=spark_ddl()).toArrow()
+    finally:
+        parsed.unpersist()
+
+
+def parse_file(
+    name: str, data: bytes, fmt: str, model_name: str
+) -> tuple[FileVerdict, list[tuple[Any, ...]]]:
+    """The history file ``name`` with contents ``data``: its verdict so far (ok with its operations and
+    keys, or invalid with the reason) and its operations as input rows (``INPUT_COLUMNS``)."""
+    began = time.perf_counter()
+    try:
+        ops = jepsen.parse_data(Path(name), data, fmt, model_name)
+    except jepsen.HistoryParseError as exc:
+        return FileVerdict(name, INVALID, error=str(exc)), []
+    keys = len({o.key for o in ops})
+    rows = [(name, o.key, o.process, o.call, o.ret, _encode(o.op)) for o in ops]
+    return FileVerdict(name, PASS, len(ops), keys, time.perf_counter() - began), rows
 
 
 @dataclass(slots=True)
@@ -184,7 +221,7 @@ def history_paths(path: Path) -> list[Path]:
 
 
 def check_files(
-    path: Path,
+    path: Path | str,
     fmt: str,
     model_name: str,
     *,
@@ -194,34 +231,56 @@ def check_files(
     master: str = "local[*]",
     session: Any = None,
 ) -> list[FileVerdict]:
-    """Check every history file at ``path`` (a file or a directory); one verdict per file, in path order."""
+    """Check every history file at ``path`` (a file or a directory; with Spark also a URL its executors
+    read); one verdict per file, in path order."""
     if fmt not in jepsen.FORMATS:
         raise ConfigurationError(f"unknown format {fmt!r}; expected one of {', '.join(jepsen.FORMATS)}")
     if model_name not in models.MODELS:
         raise ConfigurationError(f"unknown model {model_name!r}; expected one of {', '.join(models.MODELS)}")
-    budget = budget or wgl.Budget()
-    verdicts: dict[str, FileVerdict] = {}
-    parsed: dict[str, list[jepsen.ExternalOp]] = {}
-    for file in history_paths(path):
-        began = time.perf_counter()
-        try:
-            ops = jepsen.read_file(file, fmt, model_name)
-        except jepsen.HistoryParseError as exc:
-            verdicts[str(file)] = FileVerdict(str(file), INVALID, error=str(exc))
-            continue
-        parsed[str(file)] = ops
-        keys = {o.key for o in ops}
-        verdicts[str(file)] = FileVerdict(str(file), PASS, len(ops), len(keys), time.perf_counter() - began)
-    table = to_table(parsed)
     if engine not in ("local", "spark"):
         raise ConfigurationError(f"unknown engine {engine!r}; expected spark or local")
-    if engine == "local" or table.num_rows == 0:
-        output = check_objects(table, model_name, budget, explain)
+    budget = budget or wgl.Budget()
+    local = local_path(path)
+    files = history_paths(local) if local is not None and local.exists() else []
+    if engine == "local":
+        if local is None or not local.exists():
+            raise ConfigurationError(f"the local engine reads local files; no such file: {path}")
+        parsed = [parse_file(str(file), file.read_bytes(), fmt, model_name) for file in files]
+        verdicts = {verdict.path: verdict for verdict, _ in parsed}
+        output = check_objects(
+            to_table([row for _, rows in parsed for row in rows]), model_name, budget, explain
+        )
     else:
-        output = run_objects(table, model_name, budget, explain, session or spark_session(master))
+        url = history_url(path)
+        with readable(url):
+            session = session or spark_session(master)
+            verdicts, output = run_files(
+                url,
+                _shown(path),
+                fmt=fmt,
+                model_name=model_name,
+                budget=budget,
+                explain=explain,
+                session=session,
+            )
     for row in output.to_pylist():
         _merge(verdicts[row["file"]], row)
     return list(verdicts.values())
+
+
+def _shown(path: Path | str) -> Callable[[str], str]:
+    """How a file Spark names (``file:/abs/dir/x.log``) is shown: under ``path`` as given when that is
+    local (as the local engine shows it), else as Spark names it."""
+    local = local_path(path)
+    if local is None:
+        return lambda name: name
+    given, root = local, local.resolve()
+
+    def show(name: str) -> str:
+        found = Path(urlsplit(name).path)
+        return str(given) if found == root else str(given / found.relative_to(root))
+
+    return show
 
 
 def _merge(verdict: FileVerdict, row: dict[str, Any]) -> None:

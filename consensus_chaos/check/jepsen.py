@@ -205,12 +205,12 @@ def parse(path: Path, text: str, fmt: str, model: str) -> list[ExternalOp]:
     return ops
 
 
-def read_file(path: Path, fmt: str, model: str) -> list[ExternalOp]:
-    """``parse`` of a file (UTF-8)."""
+def parse_data(path: Path, data: bytes, fmt: str, model: str) -> list[ExternalOp]:
+    """``parse`` of the contents ``data`` (UTF-8) of the file ``path``."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise HistoryParseError(path, text_line(path.read_bytes(), exc.start), "not UTF-8") from None
+        raise HistoryParseError(path, text_line(data, exc.start), "not UTF-8") from None
     return parse(path, text, fmt, model)
 
 

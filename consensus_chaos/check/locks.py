@@ -169,11 +169,9 @@ def check_local(directory: Path) -> pa.Table:
     return per_run.check_local(directory, kinds=KINDS, columns=COLUMNS, check=check_run)
 
 
-def check_spark(directory: Path, session: Any) -> pa.Table:
-    """``check_run`` over every run of the histories in ``directory``, one Spark task per run."""
-    return per_run.check_spark(
-        directory, session, kinds=KINDS, columns=COLUMNS, check=check_run, ddl=spark_ddl()
-    )
+def check_spark(frame: Any) -> pa.Table:
+    """``check_run`` over every run of the history DataFrame ``frame``, one Spark task per run."""
+    return per_run.check_spark(frame, kinds=KINDS, columns=COLUMNS, check=check_run, ddl=spark_ddl())
 
 
 Problem = tuple[str, list[dict[str, Any]]]

@@ -32,6 +32,8 @@ from typing import Any
 import pyarrow as pa
 
 from consensus_chaos.check import per_run
+from consensus_chaos.check.spark import history_frame
+from consensus_chaos.check.spark_io import history_url, readable
 
 COLUMNS = (
     "run",
@@ -151,11 +153,13 @@ def check_local(directory: Path) -> list[Finding]:
     return _findings(per_run.check_local(directory, kinds=KINDS, columns=COLUMNS, check=_check_table))
 
 
-def check_spark(directory: Path, session: Any) -> list[Finding]:
-    """``check_run`` over every run of the histories in ``directory``, one Spark task per run."""
-    table = per_run.check_spark(
-        directory, session, kinds=KINDS, columns=COLUMNS, check=_check_table, ddl=FINDING_DDL
-    )
+def check_spark(location: Path | str, session: Any) -> list[Finding]:
+    """``check_run`` over every run of the histories at ``location`` (a directory or a URL Spark reads),
+    one Spark task per run."""
+    url = history_url(location)
+    with readable(url):
+        frame = history_frame(session, url)
+        table = per_run.check_spark(frame, kinds=KINDS, columns=COLUMNS, check=_check_table, ddl=FINDING_DDL)
     return _findings(table)
 
 

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from consensus_chaos.check.local import history_files
+from consensus_chaos.check.spark_io import ship_code
 
 FAULT_WINDOWS = ("pause-client", "expire-session")
 #: How long after a nemesis pause or expiry ends a client may take to notice it was fenced.
@@ -90,19 +91,19 @@ def check_local(
 
 
 def check_spark(
-    directory: Path,
-    session: Any,
+    frame: Any,
     *,
     kinds: tuple[str, ...],
     columns: tuple[str, ...],
     check: Callable[[list[Any]], pa.Table],
     ddl: str,
 ) -> pa.Table:
-    """``check_local`` with one Spark task per run (``members`` arrives joined by commas)."""
+    """``check_local`` on the history DataFrame ``frame`` (``spark.history_frame``), one Spark task per
+    run (``members`` arrives joined by commas)."""
     from pyspark.sql import functions as F  # noqa: N812, PLC0415 - pyspark, the optional spark extra
 
-    frame = session.read.parquet(str(directory / "*.parquet")).select(*columns)
-    frame = frame.filter(F.col("kind").isin(*kinds, "nemesis"))
+    ship_code(frame.sparkSession.sparkContext)
+    frame = frame.select(*columns).filter(F.col("kind").isin(*kinds, "nemesis"))
     if "members" in columns:
         frame = frame.withColumn("members", F.array_join("members", ","))
 

@@ -2,9 +2,11 @@
 
 ``bucket = pmod(xxhash64(run, object), buckets)``, then
 ``groupBy(bucket).applyInArrow(check_table)``: one Python call per bucket of
-many objects, never one per key. The driver binds 127.0.0.1, workers run
-this interpreter, and the UI and console progress are off. pyspark (the
-``spark`` extra) is imported only when a job runs: the module loads without it.
+many objects, never one per key. The executors read the history from its URL
+(``spark_io.history_url``) and run the checker's code that the job ships them
+(``spark_io.ship_code``): an executor needs pyspark, pandas and pyarrow only.
+The UI and console progress are off. pyspark (the ``spark`` extra) is imported
+only when a job runs: the module loads without it.
 """
 
 from __future__ import annotations
@@ -12,23 +14,27 @@ from __future__ import annotations
 import os
 import re
 import sys
-from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from consensus_api.errors import ConfigurationError
 from consensus_chaos.check import wgl
 from consensus_chaos.check.bucket import INPUT_COLUMNS, MEMBERS_SEPARATOR, check_table, spark_ddl
-from consensus_chaos.check.local import history_files
+from consensus_chaos.check.spark_io import ship_code
+from consensus_chaos.record.schema import COLUMNS
 
 ROWS_PER_BUCKET = 20_000
 MAX_BUCKETS = 1024
 #: Shuffle partitions hold about this many rows at most, so a task's sort buffers stay small.
 ROWS_PER_PARTITION = 1_000_000
 DRIVER_MEMORY = "2g"
+LOOPBACK = "127.0.0.1"
 _MEMORY = re.compile(r"[1-9][0-9]*[kmgt]?", re.IGNORECASE)
+_SPARK_TYPES = {"string": "string", "int64": "bigint", "list<string>": "array<string>"}
+#: The history schema (docs/history-format.md) as Spark DDL: Spark reads no footer to infer it.
+HISTORY_DDL = ", ".join(f"`{name}` {_SPARK_TYPES[kind]}" for name, kind in COLUMNS.items())
 
 
 def check_memory(amount: str) -> str:
@@ -39,10 +45,16 @@ def check_memory(amount: str) -> str:
 
 
 def spark_session(master: str = "local[*]", driver_memory: str = DRIVER_MEMORY) -> Any:
-    """A SparkSession configured for this job (see the module docstring); reused if one is running.
+    """A SparkSession configured for this job (see the module docstring), the checker's code shipped to
+    it; one running with ``master`` is reused, one with another master stopped first (a process holds
+    one SparkContext).
 
     ``driver_memory`` caps the driver JVM's heap (with ``local[N]``, the executors' too): nothing
-    collects the history to the driver, only the checks' output (findings, summaries, histograms)."""
+    collects the history to the driver, only the checks' output (findings, summaries, histograms).
+    Executors run ``$PYSPARK_PYTHON``, by default this interpreter. With ``local[N]`` or a master at a
+    loopback address the driver binds 127.0.0.1; with another master it binds where the environment
+    says (``SPARK_LOCAL_IP``, ``spark.driver.host`` in ``spark-defaults.conf``), so that executors on
+    other machines reach it."""
     check_memory(driver_memory)
     try:
         from pyspark.sql import SparkSession  # noqa: PLC0415 - pyspark, the optional spark extra
@@ -50,26 +62,48 @@ def spark_session(master: str = "local[*]", driver_memory: str = DRIVER_MEMORY) 
         raise ConfigurationError(
             "the Spark engine needs pyspark: pip install 'consensus-api[spark]'"
         ) from None
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     builder = (
         SparkSession.builder.master(master)
         .appName("consensus-check")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.memory", driver_memory)
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
     )
+    if on_this_machine(master):
+        os.environ["SPARK_LOCAL_IP"] = LOOPBACK
+        builder = builder.config("spark.driver.bindAddress", LOOPBACK).config("spark.driver.host", LOOPBACK)
     try:
         session = builder.getOrCreate()
+        if session.sparkContext.master != master:
+            session.stop()
+            session = builder.getOrCreate()
     except Exception as exc:  # Java missing or unusable, ports refused...: the environment, not the history
         raise ConfigurationError(f"could not start Spark with master {master!r}: {exc}") from exc
     session.sparkContext.setLogLevel("ERROR")
+    ship_code(session.sparkContext)
     return session
+
+
+def on_this_machine(master: str) -> bool:
+    """Whether the master URL ``master`` runs the executors on this machine: ``local[N]`` or a
+    loopback address."""
+    return master.startswith("local") or urlsplit(master).hostname in ("127.0.0.1", "localhost", "::1")
+
+
+def history_frame(session: Any, url: str) -> Any:
+    """The history at ``url`` (its ``*.parquet`` files) as a DataFrame in the history schema: the driver
+    lists the files, the executors read them."""
+    return session.read.schema(HISTORY_DDL).parquet(f"{url}/*.parquet")
+
+
+def run_sizes(frame: Any) -> tuple[dict[str, str], int]:
+    """The backend of each run of ``frame`` and its number of rows (one job)."""
+    counts = frame.groupBy("run", "backend").count().collect()
+    return {row["run"]: row["backend"] for row in counts}, sum(row["count"] for row in counts)
 
 
 def project(frame: Any) -> Any:
@@ -93,23 +127,23 @@ def project(frame: Any) -> Any:
     return rows.withColumn("members", F.array_join("members", MEMBERS_SEPARATOR)).select(*INPUT_COLUMNS)
 
 
-def run_spark(directory: Path, budget: wgl.Budget, session: Any) -> Any:
-    """Check the history in ``directory`` with ``session``; returns the output as a ``pyarrow.Table``.
+def run_spark(frame: Any, rows: int, budget: wgl.Budget, session: Any) -> Any:
+    """Check the history ``frame`` of ``rows`` rows with ``session``; returns the output as a
+    ``pyarrow.Table``.
 
-    About ``ROWS_PER_BUCKET`` rows go to a bucket (read from the Parquet footers);
-    a few shuffle partitions per core keep every core busy, and more of them
-    keep each under ``ROWS_PER_PARTITION`` rows. Adaptive query execution is off
-    for this job: it would only re-plan what is sized here.
+    About ``ROWS_PER_BUCKET`` rows go to a bucket; a few shuffle partitions per
+    core keep every core busy, and more of them keep each under
+    ``ROWS_PER_PARTITION`` rows. Adaptive query execution is off for this job:
+    it would only re-plan what is sized here.
     """
     from pyspark.sql import functions as F  # noqa: N812, PLC0415 - pyspark, the optional spark extra
 
-    rows = sum(pq.read_metadata(path).num_rows for path in history_files(directory))
+    ship_code(session.sparkContext)
     buckets = max(1, min(MAX_BUCKETS, rows // ROWS_PER_BUCKET))
     cores = session.sparkContext.defaultParallelism
     partitions = max(min(buckets, 4 * cores), -(-rows // ROWS_PER_PARTITION))
     session.conf.set("spark.sql.shuffle.partitions", str(max(1, min(buckets, partitions))))
     session.conf.set("spark.sql.adaptive.enabled", "false")  # sized above (see the docstring)
-    frame = session.read.parquet(str(directory / "*.parquet"))
     keyed = project(frame).withColumn("bucket", F.expr(f"pmod(xxhash64(run, object), {buckets})"))
 
     def check_bucket(table: pa.Table) -> pa.Table:  # the hints tell Spark this takes a whole group

@@ -16,13 +16,21 @@ from consensus_chaos.check import Budget, check_history
 from consensus_chaos.check.external import check_files, exit_code
 from consensus_chaos.check.external_report import write_report as write_html
 from consensus_chaos.check.report import write_report
+from consensus_chaos.check.spark_io import is_url, local_path
 
 FORMATS = ("parquet", "jepsen-log", "jepsen-edn")
 DEFAULT_MODELS = {"jepsen-log": "register", "jepsen-edn": "kv"}
 
 
+def _location(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """PATH: a URL, or a local path that exists."""
+    if is_url(value) or Path(value).exists():
+        return value
+    raise click.BadParameter(f"{value!r} does not exist (a local path, or a URL: file://, s3a://, hdfs://)")
+
+
 @click.command("check")
-@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.argument("path", callback=_location)
 @click.option(
     "--format",
     "fmt",
@@ -78,7 +86,7 @@ DEFAULT_MODELS = {"jepsen-log": "register", "jepsen-edn": "kv"}
 @click.pass_context
 def check(  # noqa: PLR0917 - click passes every option as a parameter
     ctx: click.Context,
-    path: Path,
+    path: str,
     fmt: str,
     model: str | None,
     engine: str,
@@ -91,7 +99,8 @@ def check(  # noqa: PLR0917 - click passes every option as a parameter
 ) -> None:
     """Check every history (*.parquet) in the directory PATH, as written by ``consensus chaos``, or with
     --format jepsen-log / jepsen-edn every Jepsen history at PATH (a file, or a directory: each file one
-    history).
+    history). With Spark, PATH may be a URL the executors read (file:// on storage every machine
+    mounts, s3a://, hdfs://); a local PATH is read as its file:// URL.
 
     Per key: linearizability against a versioned register (WGL search) and the
     listeners' events; per service: at most one leader per term, terms never
@@ -111,11 +120,12 @@ def check(  # noqa: PLR0917 - click passes every option as a parameter
         )
     if model is not None:
         raise ConfigurationError("--model applies to --format jepsen-log and jepsen-edn only")
-    if not path.is_dir():
+    local = local_path(path)
+    if local is not None and not local.is_dir():
         raise ConfigurationError(f"{path} is not a directory (a history written by consensus chaos)")
     outcome = check_history(path, engine, budget, master, driver_memory=driver_memory)
-    if report is not None:
-        write_report(outcome, report, path)
+    if report is not None:  # the timelines where this process reads the history too: a local path
+        write_report(outcome, report, local)
     if as_json:
         click.echo(json.dumps(outcome.to_json(), indent=2))
     else:
@@ -144,7 +154,7 @@ def check(  # noqa: PLR0917 - click passes every option as a parameter
 
 
 def check_jepsen(  # noqa: PLR0917 - the command's options
-    path: Path,
+    path: str,
     fmt: str,
     model: str,
     engine: str,

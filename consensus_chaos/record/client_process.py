@@ -61,7 +61,7 @@ class _JournalClock(logging.Formatter):
         return f"{stamp}: {super().format(record)}"
 
 
-def log_to_stderr(level: str = "INFO") -> None:
+def log_to_stderr(level: str) -> None:
     """The library's records from ``level`` up to stderr, stamped with the journal's clock; at
     ``DEBUG`` the client libraries' (kafka-python, kazoo, ...) records from INFO up as well."""
     handler = logging.StreamHandler(sys.stderr)

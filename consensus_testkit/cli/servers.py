@@ -30,6 +30,7 @@ from consensus_testkit.launchers import (
     start_cluster,
     store_names,
 )
+from consensus_testkit.process import ServerHandle
 
 CONTROL_ENV = "CONSENSUS_CONTROL"
 _COMMAND_KEY = "consensus.servers.command"
@@ -86,8 +87,9 @@ def run(ctx: click.Context, names: tuple[str, ...], secure: bool, nodes: int) ->
     Each server's control file (JSON: PID, command, ports, data dir; read by
     consensus_testkit.control.attach, so COMMAND may kill, pause and
     restart the server) is exported as CONSENSUS_<NAME>_CONTROL, and as
-    CONSENSUS_CONTROL when exactly one is named. At the end the servers are
-    stopped, also one that COMMAND restarted.
+    CONSENSUS_CONTROL when exactly one is named. A launcher may export more
+    (spark: CONSENSUS_SPARK_MASTER, the executors' PYSPARK_PYTHON). At the end the
+    servers are stopped, also one that COMMAND restarted.
     'sqlite' means a fresh temp database file, no server and no control file.
     --secure starts each server's TLS and password variant (its URL, with the
     password, reaches COMMAND only through the environment).
@@ -117,8 +119,9 @@ def run(ctx: click.Context, names: tuple[str, ...], secure: bool, nodes: int) ->
         if nodes < 3 or nodes % 2 == 0:
             raise click.UsageError(f"--nodes must be odd and at least 3, got {nodes}")
     try:
-        with _sigterm_raises(), _started(names, secure, nodes) as (urls, controls):
+        with _sigterm_raises(), _started(names, secure, nodes) as (urls, controls, extra):
             exports = {f"CONSENSUS_{name.upper()}_URL": url for name, url in urls.items()}
+            exports.update(extra)
             exports.update(
                 {f"CONSENSUS_{name.upper()}_CONTROL": str(path) for name, path in controls.items()}
             )
@@ -141,10 +144,11 @@ def run(ctx: click.Context, names: tuple[str, ...], secure: bool, nodes: int) ->
 @contextlib.contextmanager
 def _started(
     names: Sequence[str], secure: bool, nodes: int = 1
-) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
+) -> Iterator[tuple[dict[str, str], dict[str, Path], dict[str, str]]]:
     """Start every server in turn (rich status on stderr); stop all of them on the way out.
 
-    Yields the URLs and the control files (servers only) by name.
+    Yields the URLs and the control files (servers only) by name, and the variables the
+    launchers export besides (``Launcher.environment``).
     """
     started: list[_Server] = []
     console = err_console()
@@ -152,6 +156,7 @@ def _started(
     try:
         urls: dict[str, str] = {}
         controls: dict[str, Path] = {}
+        extra: dict[str, str] = {}
         for name in names:
             with console.status(f"starting {name}…" if nodes == 1 else f"starting {nodes} {name} nodes…"):
                 server = _start(name, secure, nodes)
@@ -161,8 +166,11 @@ def _started(
             server.write_control(control)
             if control.exists():
                 controls[name] = control
+            environment = launcher(name).environment if name != SQLITE else None
+            if environment is not None and isinstance(server, ServerHandle):
+                extra.update(environment(server))
             console.print(Text(f"{name} ready: {_redacted(server.url)}", style="green"))
-        yield urls, controls
+        yield urls, controls, extra
     finally:
         for server in reversed(started):
             with console.status("stopping servers…"):

@@ -294,13 +294,11 @@ class Channel:
         async for node, response in self._per_coordinator(group_ids, request):
             for group in response.groups:
                 view = views[group.group_id] = self._view(group)
-                log.debug(
-                    "group %s at node %s: %s, members %s",
-                    group.group_id,
-                    node,
-                    view.state,
-                    sorted(view.members),
-                )
+                if log.isEnabledFor(logging.DEBUG):
+                    members = sorted(view.members)
+                    log.debug(
+                        "group %s at node %s: %s, members %s", group.group_id, node, view.state, members
+                    )
         return views
 
     async def rebalancing_async(self, group_ids: list[str]) -> set[str]:

@@ -101,10 +101,12 @@ class Assignment:
 
 @dataclass(frozen=True, slots=True)
 class Roster:
-    """The accepted entries of a Kafka group as of a Stable description, by group name."""
+    """The accepted entries of a Kafka group as of a Stable description, by group name; the
+    generation the description's assignments name (-1 if none does)."""
 
     groups: dict[str, tuple[tuple[str, Entry], ...]]  # name -> (Kafka member id, entry), by member id
     known: frozenset[str]
+    generation: int = -1
 
     @classmethod
     def of(
@@ -118,15 +120,25 @@ class Roster:
                 f"Kafka group {group_id!r} belongs to another protocol ({view.protocol_type})"
             )
         groups: dict[str, list[tuple[str, Entry]]] = {}
+        generation = -1
         for kid, (raw_metadata, raw_assignment) in sorted(view.members.items()):
             assignment = decode_assignment(raw_assignment)
             metadata = (decode or decode_metadata)(raw_metadata)
+            if assignment is not None:
+                generation = max(generation, assignment.generation)
             if assignment is None or not assignment.accepted or metadata is None:
                 continue
             for entry in metadata.entries:
                 if entry.token not in assignment.rejected:
                     groups.setdefault(entry.group, []).append((kid, entry))
-        return cls({name: tuple(found) for name, found in groups.items()}, frozenset(view.members))
+        found = {name: tuple(entries) for name, entries in groups.items()}
+        return cls(found, frozenset(view.members), generation)
+
+    def older_than(self, other: Roster) -> bool:
+        """Whether this roster was read from an earlier generation of the group ``other`` was read
+        from: a lower generation and a Kafka member in common (a Kafka member id is never reused,
+        so a group that emptied and started again at a low generation shares none)."""
+        return 0 <= self.generation < other.generation and not self.known.isdisjoint(other.known)
 
     def present(
         self, group: str, kafka_ids: set[str], departed: frozenset[str] = frozenset()

@@ -11,6 +11,15 @@ roster is used for members still present, and a reader waits (at most
 joining. Entries and Kafka members recorded as departed in the command log are
 never reported (:mod:`consensus_backends.kafka.departures`).
 
+The roster a session reads never goes back: a Stable description of an earlier
+generation than the last roster read (the group leader writes the generation
+into every assignment) is read as that last roster. A coordinator cut off from
+the other brokers answers DescribeGroups from memory; the broker that takes a
+group over (a move, a restart) describes it from its committed state, which
+can end generations before the last one described; and a description may be
+read after a later one was, on another thread. Each would hide the members
+that joined since, and show them again at the next generation.
+
 The re-reads that follow a reported change share one description: each may
 answer from the latest description whose request went out after the last
 change reported in its Kafka group (:meth:`Rosters.reported`), so a burst of
@@ -28,7 +37,7 @@ import kafka.errors as kerrors
 from consensus_api.errors import ConsensusError
 from consensus_backends.kafka.client import GONE, STABLE, Channel, GroupView
 from consensus_backends.kafka.errors import timeout_error, translate
-from consensus_backends.kafka.protocol import Metadata, Roster, decode_assignment, decode_metadata
+from consensus_backends.kafka.protocol import Metadata, Roster, decode_metadata
 from consensus_backends.kafka.settings import Settings
 from consensus_backends.kafka.state import StateMachine
 
@@ -104,7 +113,8 @@ class Rosters:
             give_up = time.monotonic() + SETTLE_POLL >= settle_by
             if roster is not None and (present <= roster.known or give_up):  # a Stable view knows all
                 found = roster.present(name, present, departed)
-                log.debug("%s in %s (%s): %s", name, group_id, view.state, sorted(found))
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("%s in %s (%s): %s", name, group_id, view.state, sorted(found))
                 return list(found.items())
             if give_up:
                 if not settle:
@@ -115,7 +125,7 @@ class Rosters:
     def fingerprint(self, group_id: str, name: str, view: GroupView) -> object:
         """What a read of ``name``'s members from ``view`` would report, as ``<Kafka member
         id>#<token>`` of each entry; it changes exactly when that answer may (``view`` is Stable
-        and remembered as the last roster, or read against the last one)."""
+        and remembered as the last roster, or read against the last one: see :meth:`_against`)."""
         if view.state in GONE:
             return frozenset()
         try:
@@ -127,25 +137,30 @@ class Rosters:
         return roster.tokens(name, present, departed)
 
     def _against(self, group_id: str, view: GroupView) -> tuple[Roster | None, set[str], frozenset[str]]:
-        """The roster ``view`` is read against (its own if Stable, else the last Stable one, if
-        any), the Kafka members present in it and those recorded as departed."""
+        """The roster ``view`` is read against, the Kafka members present in it and those recorded
+        as departed. A Stable view is read against its own roster, unless that is older than the
+        last one read (:meth:`_stable`): then, as if the view said nothing, against the last roster
+        and its members. A rebalancing view's members are read against the last Stable roster, if
+        any."""
         departed = self._state.departed(group_id)
-        present = set(view.members) - departed
         if view.state == STABLE:
-            return self._stable(group_id, view), present, departed
+            roster, own = self._stable(group_id, view)
+            return roster, set(view.members if own else roster.known) - departed, departed
         with self._lock:
             read = self._read.get(group_id)
-        return (None if read is None else read[1]), present, departed
+        return (None if read is None else read[1]), set(view.members) - departed, departed
 
-    def _stable(self, group_id: str, view: GroupView) -> Roster:
-        """The roster of the Stable ``view``, remembered as the group's last; a member's metadata
-        is decoded only when it changed since the last view read (a big group's metadata changes
-        one member at a time, and a view is read for each group watched in it)."""
+    def _stable(self, group_id: str, view: GroupView) -> tuple[Roster, bool]:
+        """The roster of the Stable ``view``, remembered as the group's last, and True; or the last
+        roster and False if the view's is older (:meth:`Roster.older_than`; see the module
+        docstring): the roster a session reads never goes back. A member's metadata is decoded only
+        when it changed since the last view read (a big group's metadata changes one member at a
+        time, and a view is read for each group watched in it)."""
         with self._lock:
             read = self._read.get(group_id)
             previous = self._decoded.get(group_id, {})
         if read is not None and read[0] is view:
-            return read[1]
+            return read[1], True
         current: dict[bytes, Metadata | None] = {}
 
         def decode(raw: bytes) -> Metadata | None:
@@ -154,13 +169,23 @@ class Rosters:
             return metadata
 
         roster = Roster.of(group_id, view, decode)
+        with self._lock:
+            last = self._read.get(group_id)
+            newer = last[1] if last is not None and roster.older_than(last[1]) else None
+            if newer is None:
+                self._read[group_id] = (view, roster)
+                self._decoded[group_id] = current
+        if newer is not None:
+            log.debug(
+                "%s: a Stable description of generation %d, older than the last read (%d), is not used",
+                group_id,
+                roster.generation,
+                newer.generation,
+            )
+            return newer, False
         if log.isEnabledFor(logging.DEBUG):
             entries = {
                 name: [f"{e.id}@{kid}#{e.token}" for kid, e in found] for name, found in roster.groups.items()
             }
-            generations = {a.generation for _, raw in view.members.values() if (a := decode_assignment(raw))}
-            log.debug("the last Stable roster of %s (generation %s): %s", group_id, generations, entries)
-        with self._lock:
-            self._read[group_id] = (view, roster)
-            self._decoded[group_id] = current
-        return roster
+            log.debug("%s: the last Stable roster, generation %d: %s", group_id, roster.generation, entries)
+        return roster, True

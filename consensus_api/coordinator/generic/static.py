@@ -12,6 +12,12 @@ new at every start, so the arbiter recognises a restart by the instance id:
 * a static member that is gone stays in the group for ``grace`` seconds (the
   session timeout), so a restart within that time causes no rebalance; after
   it, it is removed like any member.
+
+A new start of an instance joins only once the previous one gave up the
+instance's seat (:mod:`consensus_api.coordinator.instance`): after it stopped
+everything and left, or lost its session. So the arbiter normally replaces a
+member that is gone; one still live here is a previous start whose departure
+it has not seen yet, which has stopped already.
 """
 
 from __future__ import annotations

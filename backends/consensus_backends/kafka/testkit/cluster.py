@@ -130,6 +130,7 @@ def start_cluster(workdir: Path | None, nodes: int) -> ClusterHandle:
         link_process,
         status=status,
         serves_session=serves_session,
+        holders=holders,
         in_sync=in_sync,
     ).start(START_TIMEOUT)
 
