@@ -56,6 +56,7 @@ phase "lint and types"
 ruff check . || status=1
 ruff format --check . || status=1
 mypy || status=1
+lint-imports || status=1   # the arrows between the products run one way (.importlinter)
 
 phase "docs"   # the site (mkdocs.yml) builds with no broken link or anchor: one check in the results
 docs_started=$SECONDS
