@@ -51,7 +51,8 @@ def spark_session(master: str = "local[*]", driver_memory: str = DRIVER_MEMORY) 
 
     ``driver_memory`` caps the driver JVM's heap (with ``local[N]``, the executors' too): nothing
     collects the history to the driver, only the checks' output (findings, summaries, histograms).
-    Executors run ``$PYSPARK_PYTHON``, by default this interpreter. With ``local[N]`` or a master at a
+    Executors run ``$PYSPARK_PYTHON``, by default this interpreter, with ``$SPARK_EXECUTOR_MEMORY`` when
+    set. With ``local[N]`` or a master at a
     loopback address the driver binds 127.0.0.1; with another master it binds where the environment
     says (``SPARK_LOCAL_IP``, ``spark.driver.host`` in ``spark-defaults.conf``), so that executors on
     other machines reach it."""
@@ -73,6 +74,9 @@ def spark_session(master: str = "local[*]", driver_memory: str = DRIVER_MEMORY) 
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
     )
+    executor_memory = os.environ.get("SPARK_EXECUTOR_MEMORY")
+    if executor_memory:  # as configuration: a JVM this process started earlier never saw the variable
+        builder = builder.config("spark.executor.memory", executor_memory)
     if on_this_machine(master):
         os.environ["SPARK_LOCAL_IP"] = LOOPBACK
         builder = builder.config("spark.driver.bindAddress", LOOPBACK).config("spark.driver.host", LOOPBACK)
