@@ -267,6 +267,13 @@ class Backend(ABC):
         """
         return None
 
+    @classmethod
+    def missing_storage(cls, url: BackendURL) -> str | None:
+        """Where ``url`` names storage that opening would create (a database file not yet there), that
+        place; None when opening creates nothing (the default: a server's storage). No I/O beyond a
+        local file check; read-only commands refuse to create storage by it."""
+        return None
+
     # Fault tools (the test kit only)
 
     def fault_identity(self) -> Mapping[str, object]:

@@ -244,18 +244,18 @@ def open_session(url: str | None, *, read_only: bool = False, **options: Any) ->
 
 
 def _require_existing_database(url: str | None) -> None:
-    """``ConfigurationError`` when ``url`` (resolved as ``connect`` does) names a SQLite file that does
-    not exist; the URL's own errors (options, ranges) are raised first, as ``connect`` would."""
+    """``ConfigurationError`` when ``url`` (resolved as ``connect`` does) names storage that opening
+    would create (``Backend.missing_storage``); the URL's own errors (options, ranges) are raised
+    first, as ``connect`` would."""
     raw, file_options = config.resolve(url)
     parsed, query = config.parse_url(raw)
-    path = parsed.path[1:]
-    if parsed.scheme != "sqlite" or not path or os.path.exists(path):
+    backend = load_backend(parsed.scheme)
+    missing = backend.missing_storage(parsed)
+    if missing is None:
         return
-    config.build_options(
-        {**file_options, **query}, load_backend(parsed.scheme).options, parsed.scheme, parsed
-    )
+    config.build_options({**file_options, **query}, backend.options, parsed.scheme, parsed)
     raise ConfigurationError(
-        f"no database at {path} ({parsed.redacted()}): a read-only command does not create one; "
+        f"no database at {missing} ({parsed.redacted()}): a read-only command does not create one; "
         "give --url, set $CONSENSUS_URL or write consensus.toml"
     )
 

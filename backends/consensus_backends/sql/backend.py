@@ -19,6 +19,7 @@ write waits until that process resumes or dies (calls fail with
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -30,7 +31,7 @@ import sqlalchemy
 from sqlalchemy import Connection, Engine
 
 from consensus_api.backend import Backend, Reader, Target, Writer
-from consensus_api.config import boolean, seconds
+from consensus_api.config import BackendURL, boolean, seconds
 from consensus_api.errors import (
     BackendUnavailableError,
     OperationTimeoutError,
@@ -123,6 +124,12 @@ class SQLBackend(Backend):
     @property
     def name(self) -> str:
         return self._engine.dialect.name
+
+    @classmethod
+    def missing_storage(cls, url: BackendURL) -> str | None:
+        """A SQLite file that does not exist yet (opening creates it); servers create nothing."""
+        path = url.path[1:]
+        return path if url.scheme == "sqlite" and path and not os.path.exists(path) else None
 
     def open(self) -> None:
         database = None if self._guarded else self._engine.url.database
