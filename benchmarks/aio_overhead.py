@@ -9,7 +9,9 @@ on a worker thread). Target: aio/sync p50 <= 1.15.
 The fetch row also carries the raw client's own asyncio read against its
 blocking read, interleaved the same way in the same run (``raw_async_ratio``,
 ``benchmarks.raw_async``), where the client has an asyncio API: the least an
-awaited call of that client costs here.
+awaited call of that client costs here. Then ``benchmarks.aio_concurrency``'s
+rows: the aio session against that asyncio client, with 1,000 calls in flight
+and one at a time.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable
 
+from benchmarks import aio_concurrency
 from benchmarks.core import Plan, Row, ms, ratio, within
 from benchmarks.raw_async import open_raw_async
 from consensus_api import Session, aio
@@ -61,6 +64,7 @@ async def _rows(session: Session, url: str, plan: Plan, base: str) -> list[Row]:
                     extra={"samples": plan.op_samples, **(floor[1] if floor else {})},
                 )
             )
+        rows += await aio_concurrency.rows(async_session, url, plan, base)
     return rows
 
 

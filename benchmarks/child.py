@@ -18,6 +18,8 @@ argument ``-`` stands for the URL in ``$CONSENSUS_URL``. Modes (``KIND`` is ``ou
     stdin closes or the lifetime ends.
 ``scale URL WORKLOAD SIZE SESSIONS``
     see ``benchmarks.scale.host``; prints ``RESULT <json>``.
+``observe URL GROUP SIZE`` / ``join URL GROUP SIZE SESSIONS``
+    see ``benchmarks.scale_observers``; print ``READY``, then ``RESULT <json>`` after ``START``.
 
 Every wait is bounded; a failure prints ``ERROR <text>`` and exits 1.
 """
@@ -32,7 +34,7 @@ import time
 
 from kazoo.client import KazooClient
 
-from benchmarks import tooz_baseline
+from benchmarks import scale_observers, tooz_baseline
 from benchmarks.core import EVENT_TIMEOUT, wait_for
 from benchmarks.scale import host
 from consensus_api import LeaderChanged, connect
@@ -119,7 +121,7 @@ def candidate(kind: str, url: str, name: str, timeout: float, me: str, *, parent
 def main(argv: list[str] | None = None) -> None:
     """Parse the mode and run it; ``ERROR`` and exit status 1 on any failure."""
     parser = argparse.ArgumentParser(prog="benchmarks.child")
-    parser.add_argument("mode", choices=("joiner", "candidate", "scale"))
+    parser.add_argument("mode", choices=("joiner", "candidate", "scale", "observe", "join"))
     parser.add_argument("args", nargs="*")
     parser.add_argument("--lifetime", type=float, default=900.0)
     options = parser.parse_args(argv)
@@ -130,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
             joiner(args[0], args[1], args[2], args[3] if len(args) > 3 else "member", parent)
         elif options.mode == "candidate":
             candidate(args[0], args[1], args[2], float(args[3]), args[4], parent=parent)
+        elif options.mode == "observe":
+            say("RESULT", scale_observers.observe(args[0], args[1], int(args[2]), parent))
+        elif options.mode == "join":
+            scale_observers.join(args[0], args[1], int(args[2]), int(args[3]), parent)
         else:
             say("RESULT", host(args[0], args[1], int(args[2]), int(args[3]), parent.deadline))
     except Exception as exc:

@@ -24,8 +24,10 @@ from consensus_api.cli._common import EXIT_FAILURE, err_console, expand_url
 @click.option(
     "--only",
     metavar="LIST",
-    default="ops,aio,propagation,membership,failover,detection,scale",
-    help="Comma-separated workloads: ops, aio, propagation, membership, failover, detection, scale.",
+    default="idle,ops,aio,propagation,membership,failover,detection,scale",
+    help="Comma-separated workloads: idle, ops, aio, propagation, membership, failover, detection, scale; "
+    "and, only when named, cutover (the leadership gap at a migration's cut-over between two namespaces "
+    "of the server).",
 )
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), help="Also write the JSON here.")
 def bench(url: str, as_json: bool, quick: bool, only: str, output: Path | None) -> None:

@@ -11,6 +11,9 @@ against the least an asyncio call of that client costs on this machine:
   ``call_soon_threadsafe``, against ``get``.
 * PostgreSQL: psycopg's ``AsyncConnection`` against ``Connection`` (one
   ``SELECT`` of a one-row table each, autocommit).
+* Redis: ``redis.asyncio`` against ``redis.Redis`` (one ``HMGET`` of a hash's
+  two fields each, as the backend's fetch), each on a pool of at most 16
+  connections, as the backend's asyncio storage keeps (``consensus_redis.aio``).
 
 SQLite needs no asyncio client (ours reads on the loop), and kafka-python has
 none: ``open_raw_async`` returns None for them.
@@ -23,6 +26,8 @@ from typing import Any, Protocol
 
 import grpc
 import psycopg
+import redis
+import redis.asyncio
 from kazoo.client import KazooClient
 from pyetcd import etcdrpc
 
@@ -57,6 +62,8 @@ async def open_raw_async(url: str, run: str) -> RawAsyncRead | None:
         return await _ZooKeeper.open(parsed, run)
     if parsed.scheme.startswith("postgres"):
         return await _PostgreSQL.open(parsed, run)
+    if parsed.scheme == "redis":
+        return _Redis(parsed, run)
     return None
 
 
@@ -159,3 +166,36 @@ class _PostgreSQL:
         self._blocking.execute(f"DROP TABLE IF EXISTS {self._table}")
         self._blocking.close()
         await self._awaited.close()
+
+
+class _Redis:
+    name = "redis.asyncio"
+
+    def __init__(self, url: config.BackendURL, run: str) -> None:
+        endpoint = url.endpoints[0]
+        common: dict[str, Any] = {
+            "host": endpoint.host,
+            "port": endpoint.port or 6379,
+            "username": url.username,
+            "password": url.password,
+            "socket_timeout": 10,
+            "protocol": 2,
+        }
+        self._key = f"{url.path.rstrip('/')}/rawbench-{run}/async"
+        pool = redis.BlockingConnectionPool(max_connections=16, **common)  # type: ignore[no-untyped-call]
+        self._blocking = redis.Redis(connection_pool=pool)
+        self._awaited = redis.asyncio.Redis(
+            connection_pool=redis.asyncio.BlockingConnectionPool(max_connections=16, **common)
+        )
+        self._blocking.hset(self._key, mapping={"v": VALUE, "n": 1})
+
+    def read(self) -> object:
+        return self._blocking.hmget(self._key, "v", "n")
+
+    async def read_async(self) -> object:
+        return await self._awaited.hmget(self._key, "v", "n")
+
+    async def close(self) -> None:
+        self._blocking.delete(self._key)
+        self._blocking.close()
+        await self._awaited.aclose()

@@ -25,6 +25,13 @@ THROUGHPUT = (
     ("ops/s ours 8t", "ours_ops_8t"),
     ("ops/s raw 8t", "baseline_ops_8t"),
 )
+AT_REST = (
+    ("CPU % of a core", "cpu_pct"),
+    ("RSS MiB", "rss_mb"),
+    ("seconds", "seconds"),
+    ("target", "target"),
+    ("holds", "holds"),
+)
 SCALE = (
     ("sessions", "sessions"),
     ("MiB/session idle", "rss_per_session_mb"),
@@ -53,8 +60,10 @@ def _sections(report: dict[str, Any]) -> list[tuple[str, tuple[tuple[str, str], 
     rows = report["results"]
     ops = [row for row in rows if row["workload"].startswith("op.")]
     scale = [row for row in rows if row["workload"].startswith("scale.")]
+    idle = [row for row in rows if row["workload"].startswith("idle.")]
     return [
-        ("latency and targets", COLUMNS, rows),
+        ("at rest", (COLUMNS[0], *AT_REST), idle),
+        ("latency and targets", COLUMNS, [row for row in rows if row not in idle]),
         ("throughput", (COLUMNS[0], *THROUGHPUT), ops),
         ("scale", (COLUMNS[0], ("converge ms", "ours_p50_ms"), *SCALE), scale),
     ]
@@ -111,4 +120,8 @@ def markdown(report: dict[str, Any]) -> str:
 
 def failed(report: dict[str, Any]) -> list[str]:
     """Workloads that produced no numbers."""
-    return [row["workload"] for row in report["results"] if row.get("ours_p50_ms") is None]
+    return [
+        row["workload"]
+        for row in report["results"]
+        if row.get("ours_p50_ms") is None and row.get("cpu_pct") is None
+    ]

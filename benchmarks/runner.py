@@ -8,12 +8,23 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from benchmarks import aio_overhead, detection, failover, membership, ops, propagation, scale
+from benchmarks import (
+    aio_overhead,
+    cutover_gap,
+    detection,
+    failover,
+    idle,
+    membership,
+    ops,
+    propagation,
+    scale,
+    scale_observers,
+)
 from benchmarks.core import Plan, Row, run_id
 from benchmarks.raw import open_raw
 from consensus_api import Session, config, connect
 
-WORKLOADS = ("ops", "aio", "propagation", "membership", "failover", "detection", "scale")
+WORKLOADS = ("idle", "ops", "aio", "propagation", "membership", "failover", "detection", "scale", "cutover")
 
 Progress = Callable[[str], None]
 
@@ -27,6 +38,8 @@ def _ops(session: Session, url: str, plan: Plan, run: str) -> list[Row]:
 
 
 def _workload(name: str, session: Session, url: str, plan: Plan, run: str) -> list[Row]:
+    if name == "idle":
+        return idle.run(url, plan, run)
     if name == "ops":
         return _ops(session, url, plan, run)
     if name == "aio":
@@ -39,7 +52,9 @@ def _workload(name: str, session: Session, url: str, plan: Plan, run: str) -> li
         return failover.run(url, session.backend, plan, run)
     if name == "detection":
         return detection.run(url, plan, run)
-    return scale.run(url, plan)
+    if name == "cutover":
+        return cutover_gap.run(url, session.backend, plan, run)
+    return scale.run(url, plan) + scale_observers.run(url, session.backend, plan)
 
 
 def run(

@@ -4,21 +4,17 @@ import consensus_api as ca
 
 with ca.connect("etcd://127.0.0.1:2379/myapp", session_timeout=10) as session:
     session.storage.put("config/mode", b"fast")
+
+The coordinator's names and the assignors are loaded on first use (PEP 562): an application
+that never coordinates does not load them (docs/performance.md, "A session at rest").
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from consensus_api._version import __version__ as __version__
-from consensus_api.assignors import Assignor, Subscription
-from consensus_api.coordinator import (
-    NO_GENERATION,
-    Coordinator,
-    CoordinatorHandler,
-    Generation,
-    GroupDescription,
-    IncrementalCoordinator,
-    MemberDescription,
-    ResourceHandler,
-    ResourceListener,
-)
 from consensus_api.election import LeaderElection
 from consensus_api.errors import (
     BackendUnavailableError,
@@ -34,6 +30,7 @@ from consensus_api.errors import (
     NotAMemberError,
     OperationTimeoutError,
     PermissionDeniedError,
+    SealedError,
     SessionLostError,
     ValueTooLargeError,
     VersionConflictError,
@@ -53,6 +50,40 @@ from consensus_api.model import (
 )
 from consensus_api.session import Session, connect
 from consensus_api.storage import Storage
+
+if TYPE_CHECKING:
+    from consensus_api.assignors import Assignor, Subscription
+    from consensus_api.coordinator import (
+        NO_GENERATION,
+        Coordinator,
+        CoordinatorHandler,
+        Generation,
+        GroupDescription,
+        IncrementalCoordinator,
+        MemberDescription,
+        ResourceHandler,
+        ResourceListener,
+    )
+
+#: The names loaded on first use, each with the module that defines it.
+_LAZY = {
+    "Assignor": "consensus_api.assignors",
+    "Subscription": "consensus_api.assignors",
+    **dict.fromkeys(
+        (
+            "NO_GENERATION",
+            "Coordinator",
+            "CoordinatorHandler",
+            "Generation",
+            "GroupDescription",
+            "IncrementalCoordinator",
+            "MemberDescription",
+            "ResourceHandler",
+            "ResourceListener",
+        ),
+        "consensus_api.coordinator",
+    ),
+}
 
 __all__ = [
     "NO_GENERATION",
@@ -89,6 +120,7 @@ __all__ = [
     "PermissionDeniedError",
     "ResourceHandler",
     "ResourceListener",
+    "SealedError",
     "Session",
     "SessionLostError",
     "SessionState",
@@ -100,3 +132,17 @@ __all__ = [
     "Versioned",
     "connect",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """The public ``name`` of :data:`_LAZY`, imported on first use and kept here."""
+    home = _LAZY.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value: object = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

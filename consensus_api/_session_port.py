@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from consensus_api.backend import Backend, Target
+from consensus_api.backend import AsyncStorage, Backend, Target
 from consensus_api.config import Options
 from consensus_api.model import SessionState
 
@@ -28,6 +28,10 @@ class SessionPort(Protocol):
 
     def backend_for_call(self) -> Backend:
         """The backend, for one call; ``SessionLostError`` once the session is closed."""
+
+    def async_storage(self) -> AsyncStorage | None:
+        """The backend's asyncio storage for the running event loop (``Backend.async_storage``),
+        timed and traced like ``backend_for_call``'s calls, or None where the backend has none."""
 
     def join(self, group: str, member_id: str, data: bytes, *, rejoin: bool = True) -> None:
         """Join ``group`` as ``member_id`` (checked) and track it: re-joined after a loss with

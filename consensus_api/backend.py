@@ -120,6 +120,34 @@ class Writer(Protocol):
     def delete(self, key: str, version: int | None, fence: Leadership | None) -> None: ...
 
 
+class AsyncStorage(Protocol):
+    """A backend's storage over its client library's own asyncio API, bound to the event loop it
+    was made on (``Backend.async_storage``). Same arguments, results, errors and guarantees as the
+    backend's blocking calls (arguments arrive checked, a fence as a ``Leadership``; only
+    ``ConsensusError`` escapes; every call ends within ``request_timeout``; ``SessionLostError`` for
+    a write not applied because the session is gone); a call cancelled by its caller has an unknown
+    effect and leaves nothing behind for a later call (no unread reply on a shared connection).
+    No worker thread and no cap of its own on calls in flight beyond its connections'.
+
+    The core keeps the contract's rules on the way in and out, as for the blocking calls
+    (``consensus_api.storage.NativeStorage``): the closed-session check, argument checks, a
+    ``Lease`` as its fence, ``FencedError`` for a write that lost its candidacy with the session,
+    metrics and traces. It never calls a face after ``aclose``."""
+
+    async def fetch(self, key: str) -> Versioned | None: ...
+
+    async def put(self, key: str, value: bytes, fence: Leadership | None) -> int: ...
+
+    async def update(self, key: str, value: bytes, version: int | None, fence: Leadership | None) -> int: ...
+
+    async def delete(self, key: str, version: int | None, fence: Leadership | None) -> None: ...
+
+    async def keys(self, namespace: str) -> frozenset[str]: ...
+
+    async def aclose(self) -> None:
+        """Release what the face holds (connections, channels); idempotent."""
+
+
 class WouldBlock(Exception):  # noqa: N818 - a signal between the SPI and the core, not an error
     """A ``nowait_reader()`` read or ``nowait_writer()`` write that would have to wait (for a lock,
     a connection, another process or the network) and did nothing; the caller makes the ordinary
@@ -258,6 +286,14 @@ class Backend(ABC):
         """
         return None
 
+    def async_storage(self) -> AsyncStorage | None:
+        """Storage through the client library's own asyncio API, for the running event loop (called
+        on it, once per ``consensus_api.aio`` session, right after the session opened), or None
+        (the default): the aio session then runs the blocking calls on its worker threads, and
+        every other call (groups, elections, locks, listeners, ``walk``) always. No I/O until the
+        first call; ``aclose`` comes after the session closed."""
+        return None
+
     def server_version(self) -> str | None:
         """The server's software version (``"3.8.0"``), or None when the backend cannot tell.
 
@@ -273,6 +309,40 @@ class Backend(ABC):
         place; None when opening creates nothing (the default: a server's storage). No I/O beyond a
         local file check; read-only commands refuse to create storage by it."""
         return None
+
+    # Migration (<https://consensus-api.github.io/consensus-api/spec/#14-migration-between-backends>)
+
+    @abstractmethod
+    def term_ceiling(self) -> int:
+        """A number at least as high as every term (so every lock token) this store has issued, for
+        any service, to any session, so far: native terms, without the core's term floor. At most a
+        couple of requests, bounded by ``request_timeout``; never lower than an earlier answer."""
+
+    @abstractmethod
+    def seal(self) -> None:
+        """Seal the store this URL addresses: once ``seal`` returns, every ``put``, ``update`` and
+        ``delete`` of any session on it, this one included, raises ``SealedError`` and is not
+        applied, checked atomically with the write (a write racing the seal is either applied
+        before it or refused). Reads, members and candidates are not affected. Idempotent."""
+
+    @abstractmethod
+    def unseal(self) -> None:
+        """Undo ``seal`` (a migration's roll-back): writes are accepted again. Idempotent."""
+
+    @abstractmethod
+    def sealed(self) -> bool:
+        """Whether the store is sealed now (a linearizable read)."""
+
+    @abstractmethod
+    def session_identity(self) -> str:
+        """What names this backend session on the server, as ``live_sessions`` lists it (a ZooKeeper
+        session id, an etcd lease, a SQL lease row); stable until the session is LOST."""
+
+    @abstractmethod
+    def live_sessions(self) -> frozenset[str] | None:
+        """The ``session_identity`` of every live session on this store (every client of it, not only
+        this process's), or None where the store cannot list them; a migration's cut-over refuses
+        while one of them is not bridged."""
 
     # Fault tools (the test kit only)
 

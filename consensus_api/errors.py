@@ -63,6 +63,12 @@ class FencedError(ConsensusError):
     """A write fenced by a ``Leadership`` whose term is no longer current."""
 
 
+class SealedError(ConsensusError):
+    """The store was sealed by a migration's cut-over (``consensus migrate cutover``): it accepts no
+    write any more, and this one was not applied. Authority moved to the migration's target; connect
+    there (or through the bridged URL, which follows the cut-over by itself)."""
+
+
 class InvalidKeyError(ConsensusError, ValueError):
     """A key, namespace or name breaks the key rules (<https://consensus-api.github.io/consensus-api/spec/#4-storage-kip-30-storage>)."""
 

@@ -25,7 +25,7 @@ import importlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from consensus_api._version import __version__
@@ -34,7 +34,7 @@ from consensus_api.errors import ConfigurationError
 from consensus_api.model import Event, LeaderChanged, MembershipChanged, SessionState
 
 if TYPE_CHECKING:
-    from consensus_api.backend import Backend, Reader, Writer
+    from consensus_api.backend import AsyncStorage, Backend, Reader, Writer
     from consensus_api.coordinator import CoordinatorHandler
 
 logging.getLogger("consensus_api").addHandler(logging.NullHandler())
@@ -157,6 +157,11 @@ class SessionTelemetry:
         """``backend`` with each call of :data:`OPERATIONS` timed and traced."""
         return cast("Backend", _MeasuredBackend(backend, self))
 
+    def measured_async(self, face: AsyncStorage) -> AsyncStorage:
+        """``face`` (a backend's asyncio storage) with each call timed and traced once a meter or
+        tracer provider is installed, like ``measured``."""
+        return cast("AsyncStorage", _MeasuredAsyncStorage(face, self))
+
     def state_changed(self, state: SessionState) -> None:
         self._instruments.states.add(1, {"consensus.backend": self.backend, "consensus.state": state.value})
 
@@ -182,11 +187,15 @@ class SessionTelemetry:
             return handler
         return cast("CoordinatorHandler", _ObservedHandler(handler, group, self))
 
-    def call(self, operation: str, method: Callable[..., Any], *args: Any) -> Any:
+    def _attributes_of(self, operation: str) -> dict[str, str]:
         attributes = self._attributes.get(operation)
         if attributes is None:  # one dict per operation, never changed once made
             attributes = {"consensus.backend": self.backend, "consensus.operation": operation}
             self._attributes[operation] = attributes
+        return attributes
+
+    def call(self, operation: str, method: Callable[..., Any], *args: Any) -> Any:
+        attributes = self._attributes_of(operation)
         instruments = self._instruments
         if not instruments.tracing():
             return self._measure(attributes, method, args)
@@ -201,6 +210,36 @@ class SessionTelemetry:
             return method(*args)
         except WouldBlock:  # did nothing: the ordinary call follows, and is measured
             raise
+        except Exception as exc:
+            instruments.errors.add(1, {**attributes, "error.type": type(exc).__name__})
+            raise
+        finally:
+            instruments.duration.record(time.perf_counter() - started, attributes)
+
+    def acall(self, operation: str, method: Callable[..., Awaitable[Any]], *args: Any) -> Awaitable[Any]:
+        """``method(*args)`` to await, measured and traced like ``call`` while ``recording()``
+        (until then the call itself: no further coroutine in the way)."""
+        if not self.recording():
+            return method(*args)
+        return self._atraced(operation, method, args)
+
+    async def _atraced(
+        self, operation: str, method: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
+    ) -> Any:
+        attributes = self._attributes_of(operation)
+        instruments = self._instruments
+        if not instruments.tracing():
+            return await self._ameasure(attributes, method, args)
+        with instruments.tracer.start_as_current_span(f"consensus.{operation}", attributes=attributes):
+            return await self._ameasure(attributes, method, args)
+
+    async def _ameasure(
+        self, attributes: dict[str, str], method: Callable[..., Awaitable[Any]], args: tuple[Any, ...]
+    ) -> Any:
+        instruments = self._instruments
+        started = time.perf_counter()
+        try:
+            return await method(*args)
         except Exception as exc:
             instruments.errors.add(1, {**attributes, "error.type": type(exc).__name__})
             raise
@@ -251,6 +290,22 @@ class _MeasuredBackend:
         if view is None:
             view = self._views[id(inner)] = _MeasuredBackend(inner, self._telemetry)
         return view
+
+
+class _MeasuredAsyncStorage:
+    """A backend's asyncio storage seen through its telemetry (``acall``); ``aclose`` is its own."""
+
+    def __init__(self, face: AsyncStorage, telemetry: SessionTelemetry) -> None:
+        self._face = face
+        self._telemetry = telemetry
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._face, name)
+        if name not in OPERATIONS:
+            return attribute
+        measured = functools.partial(self._telemetry.acall, name, attribute)
+        self.__dict__[name] = measured
+        return measured
 
 
 class _ObservedHandler:

@@ -9,21 +9,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from consensus_api import config, observability, registry
+from consensus_api import coordinator as coordinator_api
 from consensus_api._joined import Item, Joined
-from consensus_api.assignors import Assignor
-from consensus_api.backend import Backend, Reader, Target, TargetKind
+from consensus_api.backend import AsyncStorage, Backend, Reader, Target, TargetKind
+from consensus_api.bridge_connect import session_backend
 from consensus_api.closing import Closing
-from consensus_api.coordinator import (
-    Coordinator,
-    CoordinatorHandler,
-    GroupDescription,
-    IncrementalCoordinator,
-    ResourceListener,
-)
-from consensus_api.coordinator.describe import describe_group
 from consensus_api.dispatch import Dispatcher
 from consensus_api.election import LeaderElection
 from consensus_api.errors import NotAMemberError, SessionLostError
@@ -42,10 +35,13 @@ from consensus_api.model import (
 )
 from consensus_api.storage import Storage
 
+if TYPE_CHECKING:
+    from consensus_api.assignors import Assignor
+
 log = logging.getLogger("consensus_api")
 
 StateListener = Callable[[SessionState], None]
-C = TypeVar("C", Coordinator, IncrementalCoordinator)
+C = TypeVar("C", "coordinator_api.Coordinator", "coordinator_api.IncrementalCoordinator")
 
 
 def connect(url: str | None = None, **options: Any) -> Session:
@@ -54,14 +50,14 @@ def connect(url: str | None = None, **options: Any) -> Session:
     Without ``url``: ``$CONSENSUS_URL``, then ``consensus.toml`` (or the file
     ``$CONSENSUS_CONFIG`` names), then ``sqlite:///consensus.db``. Options come
     from that file, then the URL's query, then ``options``; unknown options and
-    malformed URLs raise ``ConfigurationError`` before any I/O.
-    """
+    malformed URLs raise ``ConfigurationError`` before any I/O; ``migrate_to``: bridged (spec §14)."""
     raw_url, file_options = config.resolve(url)
     parsed, query = config.parse_url(raw_url)
     backend_class = registry.load_backend(parsed.scheme)
     merged = {**file_options, **query, **options}
+    backend = session_backend(backend_class, parsed, merged, from_environment=url is None)
     settings = config.build_options(merged, backend_class.options, parsed.scheme, parsed)
-    return Session(backend_class, parsed, settings)
+    return Session(backend, parsed, settings)
 
 
 class _Events:
@@ -88,10 +84,11 @@ class _Port:
         self.remove_state_listener = session.remove_state_listener
         self.add_listener = session._hub.add
         self.remove_listener = session._hub.remove
+        self.settings: config.Options = session.settings
 
-    @property
-    def settings(self) -> config.Options:
-        return self._session.settings
+    def async_storage(self) -> AsyncStorage | None:
+        face, telemetry = self._session._backend.async_storage(), self._session._telemetry
+        return face if face is None or telemetry is None else telemetry.measured_async(face)
 
     @property
     def state(self) -> SessionState:
@@ -151,7 +148,7 @@ class Session(Closing):
     """
 
     def __init__(
-        self, backend_class: type[Backend], url: config.BackendURL, settings: config.Options
+        self, backend_factory: Callable[..., Backend], url: config.BackendURL, settings: config.Options
     ) -> None:
         self.url = url
         self.settings = settings
@@ -160,10 +157,10 @@ class Session(Closing):
         self._state_listeners: list[StateListener] = []
         #: The members and candidacies to release at close and join again after a loss.
         self._joined = Joined(self._lock)
-        self._coordinators: list[Coordinator | IncrementalCoordinator] = []
+        self._coordinators: list[coordinator_api.Coordinator | coordinator_api.IncrementalCoordinator] = []
         self._dispatcher = Dispatcher(url.scheme)
         try:
-            self._backend = backend_class(url, settings, _Events(self))
+            self._backend = backend_factory(url, settings, _Events(self))
             self._telemetry = observability.for_session(self._backend.name)
             #: What the session's calls use once a meter or tracer provider is installed (otel extra):
             #: the backend, timed and traced; until then the backend itself (``_backend_for_call``).
@@ -214,17 +211,16 @@ class Session(Closing):
         self,
         group: str,
         protocol_type: str,
-        handler: CoordinatorHandler,
+        handler: coordinator_api.CoordinatorHandler,
         *,
         rebalance_timeout: float | None = None,
         group_instance_id: str | None = None,
-    ) -> Coordinator:
+    ) -> coordinator_api.Coordinator:
         """A member of ``group`` in Kafka's rebalance protocol (<https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>);
-        joins on ``ensure_active_group``; static (KIP-345) with a ``group_instance_id``. Closed with
-        the session."""
+        joins on ``ensure_active_group``; static (KIP-345) with a ``group_instance_id``; closed with it."""
         if self._telemetry is not None:
             handler = self._telemetry.observed_handler(handler, group)
-        coordinator = Coordinator(
+        coordinator = coordinator_api.Coordinator(
             self._port,
             group,
             protocol_type,
@@ -238,16 +234,15 @@ class Session(Closing):
         self,
         group: str,
         resources: Iterable[str],
-        listener: ResourceListener,
+        listener: coordinator_api.ResourceListener,
         *,
         assignor: str | Assignor = "sticky",
         rebalance_timeout: float | None = None,
         group_instance_id: str | None = None,
-    ) -> IncrementalCoordinator:
-        """A member of ``group`` sharing ``resources`` by incremental (KIP-848) reconciliation;
-        joins on ``ensure_active_group``; static (KIP-345) with a ``group_instance_id``. Closed with
-        the session."""
-        coordinator = IncrementalCoordinator(
+    ) -> coordinator_api.IncrementalCoordinator:
+        """A member of ``group`` sharing ``resources`` by incremental (KIP-848) reconciliation; joins on
+        ``ensure_active_group``; static (KIP-345) with a ``group_instance_id``. Closed with the session."""
+        coordinator = coordinator_api.IncrementalCoordinator(
             self._port,
             group,
             resources,
@@ -258,11 +253,11 @@ class Session(Closing):
         )
         return self._attach(coordinator)
 
-    def describe_group(self, group: str) -> GroupDescription:
+    def describe_group(self, group: str) -> coordinator_api.GroupDescription:
         """A snapshot of the coordinated group ``group`` (<https://consensus-api.github.io/consensus-api/spec/#8-coordinator-kip-795--the-kafka-rebalance-protocol-as-an-api>):
         mode, state, generation or group epoch, protocol, and each member's instance id, epoch and
         assignment."""
-        return describe_group(self._port, group)
+        return coordinator_api.describe.describe_group(self._port, group)
 
     def add_state_listener(self, callback: StateListener) -> None:
         """Call ``callback(state)`` on the dispatcher thread at every state change."""
@@ -375,10 +370,9 @@ class Session(Closing):
             return
         members, candidacies = self._joined.due() if due is None else due
         backend = self._backend
+        redo = self._joined.redo
         failed_members = {
-            item: data
-            for item, data in members.items()
-            if not self._joined.redo(item, partial(_join_with, backend, data))
+            item: data for item, data in members.items() if not redo(item, partial(_join, backend, data))
         }
         failed_candidacies = [item for item in candidacies if not self._joined.redo(item, backend.nominate)]
         if failed_members or failed_candidacies:
@@ -396,5 +390,5 @@ class Session(Closing):
                 log.exception("state listener %r raised; delivery continues", listener)
 
 
-def _join_with(backend: Backend, data: bytes, group: str, member_id: str) -> None:
+def _join(backend: Backend, data: bytes, group: str, member_id: str) -> None:
     backend.join(group, member_id, data)

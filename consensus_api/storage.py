@@ -5,11 +5,11 @@ Contract: <https://consensus-api.github.io/consensus-api/spec/#4-storage-kip-30-
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from consensus_api._session_port import SessionPort
-from consensus_api.backend import Reader, WouldBlock, Writer
+from consensus_api.backend import AsyncStorage, Reader, WouldBlock, Writer
 from consensus_api.errors import FencedError, InvalidTypeError, SessionLostError
 from consensus_api.keys import (
     check_int,
@@ -78,22 +78,22 @@ class Storage:
         promise that (``Backend.nowait_writer``: SQLite, when the write lock is free). Arguments
         are checked first; results and errors are ``put``'s. For event loops: ``consensus_api.aio``
         uses it, like the two below."""
-        args = check_key(key), check_value(value), (leadership := _check_fence(fence))
-        return self._write(leadership, lambda: self._nowait_writer().put(*args))
+        args = put_args(key, value, fence)
+        return self._write(args[-1], lambda: self._nowait_writer().put(*args))
 
     def update_nowait(
         self, key: str, value: bytes, *, version: int | None = None, fence: Leadership | Lease | None = None
     ) -> int:
         """``update`` without waiting, or ``WouldBlock``, like ``put_nowait``."""
-        args = check_key(key), check_value(value), check_version(version), (leadership := _check_fence(fence))
-        return self._write(leadership, lambda: self._nowait_writer().update(*args))
+        args = update_args(key, value, version, fence)
+        return self._write(args[-1], lambda: self._nowait_writer().update(*args))
 
     def delete_nowait(
         self, key: str, *, version: int | None = None, fence: Leadership | Lease | None = None
     ) -> None:
         """``delete`` without waiting, or ``WouldBlock``, like ``put_nowait``."""
-        args = check_key(key), check_version(version), (leadership := _check_fence(fence))
-        self._write(leadership, lambda: self._nowait_writer().delete(*args))
+        args = delete_args(key, version, fence)
+        self._write(args[-1], lambda: self._nowait_writer().delete(*args))
 
     def _nowait_writer(self) -> Writer:
         writer = self._session.backend_for_call().nowait_writer()
@@ -104,40 +104,35 @@ class Storage:
     def put(self, key: str, value: bytes, *, fence: Leadership | Lease | None = None) -> int:
         """Create ``key``; ``KeyExistsError`` if it exists. Returns the new version."""
         backend = self._session.backend_for_call()
-        args = check_key(key), check_value(value), (leadership := _check_fence(fence))
-        return self._write(leadership, lambda: backend.put(*args))
+        args = put_args(key, value, fence)
+        return self._write(args[-1], lambda: backend.put(*args))
 
     def update(
         self, key: str, value: bytes, *, version: int | None = None, fence: Leadership | Lease | None = None
     ) -> int:
         """Replace the value of ``key``, if at ``version`` when given. Returns the new version."""
         backend = self._session.backend_for_call()
-        args = check_key(key), check_value(value), check_version(version), (leadership := _check_fence(fence))
-        return self._write(leadership, lambda: backend.update(*args))
+        args = update_args(key, value, version, fence)
+        return self._write(args[-1], lambda: backend.update(*args))
 
     def delete(
         self, key: str, *, version: int | None = None, fence: Leadership | Lease | None = None
     ) -> None:
         """Remove ``key``, if at ``version`` when given."""
         backend = self._session.backend_for_call()
-        args = check_key(key), check_version(version), (leadership := _check_fence(fence))
-        self._write(leadership, lambda: backend.delete(*args))
+        args = delete_args(key, version, fence)
+        self._write(args[-1], lambda: backend.delete(*args))
 
     def _write(self, fence: Leadership | None, write: Callable[[], T]) -> T:
-        """Run ``write``; ``FencedError`` where it failed because this session, the holder of the
-        fence's candidacy, was lost: a lost session's candidacies are void (<https://consensus-api.github.io/consensus-api/spec/#3-session>),
-        and a write that raised ``SessionLostError`` was not applied (backend SPI)."""
+        """Run ``write``; ``FencedError`` where it failed because this session lost the fence's
+        candidacy (``fenced_by_loss``)."""
         try:
             return write()
         except SessionLostError:
-            session = self._session
-            if fence is None or session.state is SessionState.CLOSED:
+            fenced = fenced_by_loss(self._session, fence)
+            if fenced is None:
                 raise
-            if not session.holds_candidacy(fence.service, fence.leader_id):
-                raise
-            raise FencedError(
-                f"the session holding the leadership of {fence.service!r} (term {fence.term}) was lost"
-            ) from None
+            raise fenced from None
 
     def keys(self, namespace: str = "") -> frozenset[str]:
         """The keys that exist exactly one level below ``namespace``."""
@@ -154,6 +149,99 @@ class Storage:
         """
         backend = self._session.backend_for_call()
         return backend.walk(check_namespace(namespace))
+
+
+class NativeStorage:
+    """``Storage``'s calls awaited on one event loop through the backend's own asyncio face
+    (``Backend.async_storage``): the same closed-session check, argument checks, fence handling,
+    telemetry (the session's ``async_storage``) and errors as ``Storage``, by the same functions;
+    no thread is involved and nothing caps the calls in flight."""
+
+    def __init__(self, session: SessionPort, face: AsyncStorage) -> None:
+        self._session = session
+        self._face = face
+
+    async def fetch(self, key: str) -> Versioned | None:
+        """As ``Storage.fetch``."""
+        self._session.backend_for_call()  # SessionLostError once closed, as Storage's calls
+        return await self._face.fetch(check_key(key))
+
+    async def put(self, key: str, value: bytes, fence: Leadership | Lease | None) -> int:
+        """As ``Storage.put``."""
+        self._session.backend_for_call()
+        args = put_args(key, value, fence)
+        return await self._write(args[-1], self._face.put(*args))
+
+    async def update(
+        self, key: str, value: bytes, version: int | None, fence: Leadership | Lease | None
+    ) -> int:
+        """As ``Storage.update``."""
+        self._session.backend_for_call()
+        args = update_args(key, value, version, fence)
+        return await self._write(args[-1], self._face.update(*args))
+
+    async def delete(self, key: str, version: int | None, fence: Leadership | Lease | None) -> None:
+        """As ``Storage.delete``."""
+        self._session.backend_for_call()
+        args = delete_args(key, version, fence)
+        await self._write(args[-1], self._face.delete(*args))
+
+    async def keys(self, namespace: str) -> frozenset[str]:
+        """As ``Storage.keys``."""
+        self._session.backend_for_call()
+        return await self._face.keys(check_namespace(namespace))
+
+    async def aclose(self) -> None:
+        """Release the face's connections (after the session closed). Idempotent."""
+        await self._face.aclose()
+
+    async def _write(self, fence: Leadership | None, write: Coroutine[Any, Any, T]) -> T:
+        """Await ``write``, with ``Storage._write``'s translation of a lost candidacy."""
+        try:
+            return await write
+        except SessionLostError:
+            fenced = fenced_by_loss(self._session, fence)
+            if fenced is None:
+                raise
+            raise fenced from None
+
+
+def native_storage(storage: Storage) -> NativeStorage | None:
+    """``storage``'s calls through its backend's asyncio face for the running event loop (call it
+    on that loop), or None where the backend offers none. No I/O."""
+    face = storage._session.async_storage()
+    return None if face is None else NativeStorage(storage._session, face)
+
+
+def put_args(key: str, value: bytes, fence: Any) -> tuple[str, bytes, Leadership | None]:
+    """``put``'s arguments checked, as the backend receives them (a ``Lease`` as its fence)."""
+    return check_key(key), check_value(value), _check_fence(fence)
+
+
+def update_args(
+    key: str, value: bytes, version: int | None, fence: Any
+) -> tuple[str, bytes, int | None, Leadership | None]:
+    """``update``'s arguments checked, as the backend receives them."""
+    return check_key(key), check_value(value), check_version(version), _check_fence(fence)
+
+
+def delete_args(key: str, version: int | None, fence: Any) -> tuple[str, int | None, Leadership | None]:
+    """``delete``'s arguments checked, as the backend receives them."""
+    return check_key(key), check_version(version), _check_fence(fence)
+
+
+def fenced_by_loss(session: SessionPort, fence: Leadership | None) -> FencedError | None:
+    """What a write fenced by ``fence`` that raised ``SessionLostError`` raises instead: ``FencedError``
+    where this session held the fence's candidacy, since a lost session's candidacies are void
+    (<https://consensus-api.github.io/consensus-api/spec/#3-session>) and such a write was not
+    applied (backend SPI); None (the ``SessionLostError`` stands) otherwise or once closed."""
+    if fence is None or session.state is SessionState.CLOSED:
+        return None
+    if not session.holds_candidacy(fence.service, fence.leader_id):
+        return None
+    return FencedError(
+        f"the session holding the leadership of {fence.service!r} (term {fence.term}) was lost"
+    )
 
 
 def _check_fence(fence: Any) -> Leadership | None:

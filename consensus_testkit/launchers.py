@@ -107,9 +107,16 @@ def server_names() -> tuple[str, ...]:
     return tuple(sorted(_entry_points()))
 
 
+#: The entry-point group of test profiles (``consensus_testkit.profile``): a server with a profile
+#: is a store the conformance suite certifies; one without (Spark) only serves the tools.
+PROFILES_GROUP = "consensus_testkit.profiles"
+
+
 def store_names() -> tuple[str, ...]:
-    """What ``start_store`` starts: ``sqlite`` (a database file) and every launcher's server."""
-    return (SQLITE, *server_names())
+    """What ``start_store`` starts: ``sqlite`` (a database file) and every launcher's server that is
+    a store (it has a test profile by its name), not a tool's server such as Spark."""
+    profiles = {ep.name for ep in entry_points(group=PROFILES_GROUP)}
+    return (SQLITE, *(name for name in server_names() if name in profiles))
 
 
 @cache

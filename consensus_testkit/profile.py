@@ -49,6 +49,7 @@ MARKERS: Mapping[str, str] = {
     "freezes_a_writer": "a client frozen (SIGSTOP) at any moment, even inside a write, while others write on",
     "cluster": "a replicated cluster the suite controls per node (`consensus servers run NAME --nodes 3`)",
     "session_roles": "a cluster whose nodes coordinate a session's group or lead its log besides the leader",
+    "lists_sessions": "a store that lists its live sessions (Backend.live_sessions: a cut-over checks them)",
 }
 
 #: Why ``cluster`` tests do not apply to a URL naming fewer than two servers (``profile_for``).

@@ -16,7 +16,8 @@
 #      suite through our tooz driver on every plain backend (its skips pinned:
 #      exactly the ones TOOZ_SKIPS names);
 #   4. chaos runs with faults on every backend (and with leader faults on the
-#      clusters), and one run of the locks workload, whose histories one Spark
+#      clusters), one run of the locks workload and two migrations' cut-overs
+#      under faults (ZooKeeper -> etcd, SQLite -> PostgreSQL), whose histories one Spark
 #      job then checks for linearizability, election, membership, listener and
 #      lock safety; beside them, in the background, the "wheels" phase
 #      (scripts/wheels.sh): the products built as wheels, each installed into a
@@ -164,10 +165,24 @@ fi
 echo "== wheels (in the background, beside the chaos runs): consensus-api and consensus-redis from wheels in clean venvs"
 bash scripts/wheels.sh "$out/wheels" >"$out/wheels.log" 2>&1 &
 wheels=$!
-phase "${chaos_seconds} s chaos runs on: $plain $clusters, ${locks_seconds} s of locks on $locks, then one Spark check of every history"
+phase "${chaos_seconds} s chaos runs on: $plain $clusters, ${locks_seconds} s of locks on $locks, ${CONSENSUS_CUTOVER_SECONDS:-40} s cut-overs zookeeper->etcd and sqlite->postgresql, then one Spark check of every history"
 faults_on() {  # the nemesis's faults for a backend
     if [ "$1" = sqlite ]; then echo kill,pause,expire; else echo kill,pause,restart,expire; fi   # no server process to restart
 }
+# -- issue 39: a migration's cut-over under faults, ZooKeeper -> etcd and SQLite -> PostgreSQL, in the
+# background beside the runs below, into the same directory: the checks below (local[2] and the Spark
+# cluster) check their histories with the others (the cutover checks: writes, leaders, tokens, fencing).
+cutover_seconds=${CONSENSUS_CUTOVER_SECONDS:-40}
+cutover_runs=()
+for pair in zookeeper:etcd sqlite:postgresql; do   # where both backends are in the list
+    case " $plain " in *" ${pair%%:*} "*) ;; *) continue ;; esac
+    case " $plain " in *" ${pair##*:} "*) ;; *) continue ;; esac
+    consensus chaos --server "${pair%%:*}" --migrate-server "${pair##*:}" --workload cutover \
+        --duration "$cutover_seconds" --clients 4 --faults kill,pause,restart --fault-interval 3 \
+        --out "$out/chaos" >"$out/chaos-cutover-${pair%%:*}.log" 2>&1 ||
+        echo "chaos on ${pair%%:*} -> ${pair##*:} (cutover) failed" >>"$out/chaos.log" &
+    cutover_runs+=($!)
+done
 for b in $plain; do
     consensus chaos --server "$b" --duration "$chaos_seconds" --clients 5 --keys 2 \
         --faults "$(faults_on "$b")" --out "$out/chaos" >>"$out/chaos.log" 2>&1 ||
@@ -183,6 +198,9 @@ if [ -n "$locks" ]; then
         --faults "$(faults_on "$locks")" --out "$out/chaos" >>"$out/chaos.log" 2>&1 ||
         echo "chaos on $locks (locks) failed" >>"$out/chaos.log"
 fi
+[ ${#cutover_runs[@]} -eq 0 ] || wait "${cutover_runs[@]}"
+cat "$out"/chaos-cutover-*.log >>"$out/chaos.log" 2>/dev/null
+# -- end of issue 39's block
 consensus check "$out/chaos" --master 'local[2]' --report "$out/chaos-report.html" --json \
     >"$out/check.json" 2>>"$out/chaos.log"
 echo $? >"$out/check.rc"

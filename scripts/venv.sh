@@ -8,7 +8,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-extras=${1:-postgresql,mysql,zookeeper,etcd,kafka,spark,docs,dev}
+extras=${1:-sql,postgresql,mysql,zookeeper,etcd,kafka,spark,docs,dev}
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     echo "venv: creating .venv with $($python --version)"

@@ -306,15 +306,17 @@ def test_cancelled_in_flight_write_says_its_effect_is_unknown_and_state_stays_wh
 def test_cancelled_before_it_started_never_runs(
     postgresql_target: str, postgresql_server: ServerHandle
 ) -> None:
-    """With one worker busy on a frozen server, a queued put that is cancelled is never applied."""
+    """With one worker busy on a frozen server, a queued join that is cancelled is never applied.
+    (Storage calls on PostgreSQL take no worker: its asyncio storage; group calls do.)"""
 
     async def main() -> None:
         async with aio.connect(postgresql_target, workers=1, request_timeout=3) as session:
-            await session.storage.fetch("q")
+            group = session.group("queued")
+            await group.members()
             postgresql_server.pause()
             try:
-                busy = asyncio.create_task(session.storage.fetch("q"))
-                queued = asyncio.create_task(session.storage.put("q", b"never"))
+                busy = asyncio.create_task(group.members())
+                queued = asyncio.create_task(group.join("never"))
                 await asyncio.sleep(0.3)
                 queued.cancel()
                 with pytest.raises(asyncio.CancelledError) as cancelled:
@@ -323,7 +325,7 @@ def test_cancelled_before_it_started_never_runs(
             finally:
                 postgresql_server.resume()
             await asyncio.gather(busy, return_exceptions=True)  # done or timed out: either is fine
-            assert await session.storage.fetch("q") is None
+            assert await group.members() == frozenset()
 
     run(main)
 

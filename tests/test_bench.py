@@ -24,6 +24,7 @@ FIELDS = {
     "holds",
 }
 WORKLOADS = {
+    "idle.session",
     "op.fetch",
     "op.put",
     "op.update",
@@ -39,6 +40,7 @@ WORKLOADS = {
     "scale.members_200",
     "scale.groups_20x10",
     "scale.watched_1000",
+    "scale.observed_300",
 }
 
 
@@ -62,7 +64,10 @@ def check_rows(report: dict[str, Any], backend: str, expected: set[str]) -> None
     assert set(rows) == expected
     for row in rows.values():
         assert set(row) >= FIELDS, row
-        assert isinstance(row["ours_p50_ms"], float) and row["ours_p50_ms"] > 0, row
+        if row["workload"].startswith("idle."):  # a process at rest: CPU and memory, no latency
+            assert isinstance(row["cpu_pct"], float) and row["rss_mb"] > 0, row
+        else:
+            assert isinstance(row["ours_p50_ms"], float) and row["ours_p50_ms"] > 0, row
         assert row["holds"] in (True, False, None)
         if row["baseline"] is not None and not row["workload"].startswith("failover"):
             assert isinstance(row["baseline_p50_ms"], float) and row["baseline_p50_ms"] > 0, row
@@ -83,6 +88,9 @@ def test_sqlite_quick(tmp_path: Path) -> None:
     for name in ("scale.members_200", "scale.groups_20x10"):
         assert scale[name]["rss_per_member_kb"] > 0 and "rss_per_key_kb" not in scale[name], scale[name]
     assert scale["scale.watched_1000"]["rss_per_key_kb"] > 0
+    observed = scale["scale.observed_300"]
+    assert observed["members"] == 300 and observed["observers"] == 2, observed
+    assert observed["ours_p99_ms"] >= observed["ours_p50_ms"] >= 0 and observed["observer_cpu_pct"] > 0
 
 
 def test_zookeeper_watch_and_membership(zookeeper_server: ServerHandle) -> None:
@@ -92,3 +100,16 @@ def test_zookeeper_watch_and_membership(zookeeper_server: ServerHandle) -> None:
     rows = {row["workload"]: row for row in report["results"]}
     assert rows["propagation.value"]["baseline"] == "kazoo DataWatch"
     assert rows["membership.join"]["baseline"].startswith("tooz")
+
+
+def test_postgresql_aio_against_the_raw_asyncio_client(postgresql_server: ServerHandle) -> None:
+    """The aio rows against psycopg's AsyncConnection: 1,000 in flight (reads/s) and one at a time."""
+    report = bench(postgresql_server.url, "--only", "aio")
+    rows = {row["workload"]: row for row in report["results"]}
+    assert set(rows) == {"aio.fetch", "aio.put", "aio.fetch.in_flight", "aio.fetch.vs_raw_async"}
+    in_flight, single = rows["aio.fetch.in_flight"], rows["aio.fetch.vs_raw_async"]
+    for row in (in_flight, single):
+        assert row["baseline"] == "raw psycopg AsyncConnection" and isinstance(row["holds"], bool), row
+    assert in_flight["in_flight"] == 1_000 and in_flight["ours_p50_ms"] > 0
+    assert in_flight["ours_reads_per_s"] > 0 and in_flight["baseline_reads_per_s"] > 0, in_flight
+    assert single["ours_p50_ms"] > 0 and single["baseline_p50_ms"] > 0 and isinstance(single["ratio"], float)

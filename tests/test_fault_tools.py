@@ -281,8 +281,8 @@ PLAIN = "secured_server"
             "etcd",
             {"database_file", "cluster", "session_roles"},
         ),
-        ("kafka://127.0.0.1:9092/ct", "kafka", {"database_file", "cluster", PLAIN}),
-        ("kafka://127.0.0.1:9092,127.0.0.1:9093/ct", "kafka", {"database_file", PLAIN}),
+        ("kafka://127.0.0.1:9092/ct", "kafka", {"database_file", "cluster", "lists_sessions", PLAIN}),
+        ("kafka://127.0.0.1:9092,127.0.0.1:9093/ct", "kafka", {"database_file", "lists_sessions", PLAIN}),
     ],
 )
 def test_every_builtin_backend_declares_its_profile(

@@ -15,6 +15,7 @@ import psutil
 import psycopg
 import pyetcd
 import pytest
+from click.testing import CliRunner
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import KafkaAdminClient
 from kafka.errors import KafkaError
@@ -26,9 +27,11 @@ from consensus_backends.etcd.testkit.server import BINARY_VARIABLE as ETCD_BINAR
 from consensus_backends.etcd.testkit.server import ETCD_VERSION
 from consensus_backends.etcd.testkit.server import probe as etcd_probe
 from consensus_backends.zookeeper.testkit.profile import expire_zookeeper_session
+from consensus_chaos.cli.chaos import chaos
 from consensus_testkit import ServerHandle, host, server_names, start_server
 from consensus_testkit.host import tcp_request
 from consensus_testkit.launchers import GROUP as LAUNCHER_GROUP
+from consensus_testkit.launchers import store_names
 from consensus_testkit.prerequisites import NotInstalledError
 from consensus_testkit.process import launch
 
@@ -84,6 +87,17 @@ def test_names_and_unknown_server() -> None:
     assert {"postgresql", "mariadb", "zookeeper", "etcd", "kafka", "redis"} <= set(server_names())
     with pytest.raises(ConfigurationError, match="unknown server 'mysql'; known: sqlite, etcd"):
         start_server("mysql")
+
+
+def test_a_tool_server_is_not_a_store() -> None:
+    # Spark serves `consensus check --master`: `consensus servers run spark` starts it, but nothing
+    # offers it as a store to run a workload or the conformance suite against
+    assert "spark" in server_names()
+    assert "spark" not in store_names()
+    assert {"sqlite", "postgresql", "mariadb", "zookeeper", "etcd", "kafka", "redis"} <= set(store_names())
+    result = CliRunner().invoke(chaos, ["--server", "spark", "--duration", "1"])
+    assert result.exit_code == 2
+    assert "'spark' is not one of" in result.output
 
 
 def test_failed_start_raises_with_log_tail_and_cleans_up(tmp_path: Path) -> None:

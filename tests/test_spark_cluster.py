@@ -199,3 +199,21 @@ def test_files_only_the_driver_sees_are_a_clear_error(planted: Path, tmp_path: P
     assert f"Spark cannot read file://{hidden}:" in message
     assert "File does not exist" in message
     assert "every executor must read it at that URL" in message
+
+
+def test_a_cluster_with_no_room_for_an_executor_fails_in_time(
+    cluster: SparkCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the job asks more memory than any worker has: the master never gives it an executor, and the
+    # check says so within its bound instead of waiting for resources forever
+    if (active := SparkSession.getActiveSession()) is not None:
+        active.stop()
+    monkeypatch.setenv("SPARK_EXECUTOR_MEMORY", "64g")
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError, match="gave this check no executor within 5 s"):
+        spark_session(cluster.url, DRIVER_MEMORY, executor_wait=5)
+    assert time.monotonic() - started < 60
+    # positive control: with what the workers have, the same master gives one at once
+    monkeypatch.undo()
+    session = spark_session(cluster.url, DRIVER_MEMORY, executor_wait=60)
+    assert session.sparkContext._jsc.sc().getExecutorMemoryStatus().size() >= 2

@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
-from zookeeper_support import kazoo_of
+from zookeeper_support import backend_of, kazoo_of
 
 import consensus_api as ca
 from consensus_api import ConsensusError, MemberExistsError, SessionState
-from consensus_backends.zookeeper import ZooKeeperBackend
 from consensus_testkit import ServerHandle
 from consensus_testkit.conformance.helpers import EventLog, wait_until
 
@@ -59,8 +58,7 @@ def test_an_ephemeral_of_an_earlier_session_is_a_passing_error(zk_server: Server
     join succeeds. Another session's member is still MemberExistsError."""
     with ca.connect(f"{zk_server.url}/ghost", session_timeout=4, request_timeout=3) as session:
         session.group("g").join("first", b"")  # creates the group's znodes
-        backend = session._backend
-        assert isinstance(backend, ZooKeeperBackend)
+        backend = backend_of(session)
         earlier = KazooClient(hosts=zk_server.url.split("//")[1], timeout=10)
         earlier.start(10)
         try:

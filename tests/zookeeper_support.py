@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 import consensus_api as ca
 from consensus_api import Session, SessionState
+from consensus_api.floor import FloorBackend
 from consensus_backends.zookeeper import ZooKeeperBackend
 from consensus_testkit import ServerHandle, start_server
 from consensus_testkit.conformance.helpers import EventLog
@@ -68,8 +69,10 @@ def zk_raw(zk_server: ServerHandle) -> Iterator[KazooClient]:
 
 
 def backend_of(session: Session) -> ZooKeeperBackend:
-    """The ZooKeeper backend of ``session``."""
+    """The ZooKeeper backend of ``session`` (under the floor every session's backend is seen through)."""
     backend = session._backend
+    assert isinstance(backend, FloorBackend)
+    backend = backend.inner
     assert isinstance(backend, ZooKeeperBackend)
     return backend
 

@@ -134,10 +134,7 @@ class Bridge:
                 self._give_back(undo, outcome.result())  # it returned, but the task was cancelled first
             if write is None:
                 raise
-            raise asyncio.CancelledError(
-                f"{write} was cancelled while in flight: its effect is unknown "
-                "(it completes or fails by itself within request_timeout)"
-            ) from cancelled
+            raise cancelled_in_flight(write) from cancelled
 
     def _submit(self, call: Callable[[], T], outcome: asyncio.Future[T], undo: Undo | None) -> int:
         """Queue ``call`` for the first free worker (starting one if all are busy); its ticket."""
@@ -203,6 +200,14 @@ class Bridge:
         if undo is not None and error is None and outcome.done():  # its awaiting task was cancelled
             self._give_back(undo, result)
         _settle(outcome, result, error)
+
+
+def cancelled_in_flight(write: str) -> asyncio.CancelledError:
+    """What a ``write`` (its description) cancelled while in flight raises: its effect is unknown."""
+    return asyncio.CancelledError(
+        f"{write} was cancelled while in flight: its effect is unknown "
+        "(it completes or fails by itself within request_timeout)"
+    )
 
 
 def _log_give_back(outcome: asyncio.Future[object]) -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Generator, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
 from functools import partial
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 from consensus_api import session as sync
-from consensus_api.aio._bridge import Bridge, EventStream, check_workers
+from consensus_api.aio._bridge import Bridge, EventStream, cancelled_in_flight, check_workers
 from consensus_api.aio._twin import SessionLoop, SessionTwin, awaited
 from consensus_api.aio.coordination import (
     AsyncCoordinator,
@@ -35,7 +35,7 @@ from consensus_api.keys import check_key, check_namespace
 from consensus_api.listeners import ListenerRegistry
 from consensus_api.lock import Lease
 from consensus_api.model import KeySetChanged, Leadership, SessionState, ValueChanged, Versioned
-from consensus_api.storage import Storage
+from consensus_api.storage import NativeStorage, Storage, native_storage
 
 T = TypeVar("T")
 
@@ -108,7 +108,8 @@ class Connecting:
         inline = Inline(
             inline_reads and opened.storage.can_read_nowait, inline_writes and opened.storage.can_write_nowait
         )
-        return AsyncSession(opened, SessionLoop(bridge, lambda: opened.state is SessionState.CLOSED), inline)
+        loop = SessionLoop(bridge, lambda: opened.state is SessionState.CLOSED)
+        return AsyncSession(opened, loop, inline, native_storage(opened.storage))
 
     def __await__(self) -> Generator[Any, None, AsyncSession]:
         return self._open().__await__()
@@ -129,9 +130,12 @@ class AsyncSession(SessionTwin[sync.Session]):
     (it runs on the session's thread pool), events are async iterators. Same guarantees as the
     synchronous session; ``async with`` closes it on exit."""
 
-    def __init__(self, session: sync.Session, loop: SessionLoop, inline: Inline) -> None:
+    def __init__(
+        self, session: sync.Session, loop: SessionLoop, inline: Inline, native: NativeStorage | None
+    ) -> None:
         super().__init__(session, loop)
-        self.storage = AsyncStorage(session.storage, loop, inline)
+        self._native = native
+        self.storage = AsyncStorage(session.storage, loop, inline, native)
         self.listeners = AsyncListeners(session.listeners, loop)
 
     @property
@@ -237,6 +241,8 @@ class AsyncSession(SessionTwin[sync.Session]):
         finally:
             self._loop.end_streams()
             bridge.shutdown()
+            if self._native is not None:
+                await self._native.aclose()
 
     async def __aenter__(self) -> Self:
         return self
@@ -251,16 +257,23 @@ class AsyncSession(SessionTwin[sync.Session]):
 
 
 class AsyncStorage(SessionTwin[Storage]):
-    """``Storage`` as awaitables: same arguments, checks, results and errors. Calls the session's
-    ``Inline`` names run on the loop itself where the backend answers them without waiting
-    (SQLite), else on a worker."""
+    """``Storage`` as awaitables: same arguments, checks, results and errors. Where the backend has
+    an asyncio face of its own (``Backend.async_storage``: ``NativeStorage``), every call but
+    ``walk`` awaits it on the loop, with no thread and no cap on calls in flight; elsewhere the
+    calls the session's ``Inline`` names run on the loop itself where the backend answers them
+    without waiting (SQLite), and the rest on a worker."""
 
-    def __init__(self, storage: Storage, loop: SessionLoop, inline: Inline) -> None:
+    def __init__(
+        self, storage: Storage, loop: SessionLoop, inline: Inline, native: NativeStorage | None
+    ) -> None:
         super().__init__(storage, loop)
         self._inline = inline
+        self._native = native
 
     async def fetch(self, key: str) -> Versioned | None:
         """The value and version of ``key``, or None."""
+        if self._native is not None:
+            return await self._native.fetch(key)
         storage, bridge = self._sync, self._loop.bridge
         if not self._inline.reads:
             return await bridge.run(partial(storage.fetch, key))
@@ -268,6 +281,8 @@ class AsyncStorage(SessionTwin[Storage]):
 
     async def put(self, key: str, value: bytes, *, fence: Leadership | Lease | None = None) -> int:
         """Create ``key``; returns the new version."""
+        if self._native is not None:
+            return await _in_flight("put", self._native.put(key, value, fence))
         storage = self._sync
         return await self._write("put", storage.put, storage.put_nowait, key, value, fence=fence)
 
@@ -275,6 +290,8 @@ class AsyncStorage(SessionTwin[Storage]):
         self, key: str, value: bytes, *, version: int | None = None, fence: Leadership | Lease | None = None
     ) -> int:
         """Replace the value of ``key``, if at ``version`` when given; returns the new version."""
+        if self._native is not None:
+            return await _in_flight("update", self._native.update(key, value, version, fence))
         storage = self._sync
         return await self._write(
             "update", storage.update, storage.update_nowait, key, value, version=version, fence=fence
@@ -284,6 +301,9 @@ class AsyncStorage(SessionTwin[Storage]):
         self, key: str, *, version: int | None = None, fence: Leadership | Lease | None = None
     ) -> None:
         """Remove ``key``, if at ``version`` when given."""
+        if self._native is not None:
+            await _in_flight("delete", self._native.delete(key, version, fence))
+            return
         storage = self._sync
         await self._write("delete", storage.delete, storage.delete_nowait, key, version=version, fence=fence)
 
@@ -299,6 +319,8 @@ class AsyncStorage(SessionTwin[Storage]):
 
     async def keys(self, namespace: str = "") -> frozenset[str]:
         """The keys one level below ``namespace``."""
+        if self._native is not None:
+            return await self._native.keys(namespace)
         storage, bridge = self._sync, self._loop.bridge
         if not self._inline.reads:
             return await bridge.run(partial(storage.keys, namespace))
@@ -317,6 +339,14 @@ class AsyncStorage(SessionTwin[Storage]):
         while batch := await bridge.run(lambda: list(itertools.islice(pages, WALK_BATCH))):
             for item in batch:
                 yield item
+
+
+async def _in_flight(what: str, write: Coroutine[Any, Any, T]) -> T:
+    """Await ``write`` (``what``); cancelled while in flight, its effect is unknown (as ``Bridge.run``)."""
+    try:
+        return await write
+    except asyncio.CancelledError as cancelled:
+        raise cancelled_in_flight(what) from cancelled
 
 
 class AsyncListeners(SessionTwin[ListenerRegistry]):

@@ -1,4 +1,6 @@
-"""``consensus migrate``: copy the keys under a prefix to another backend, follow changes, verify.
+"""``consensus migrate``: copy the keys under a prefix to another backend, follow changes, verify;
+its sub-commands ``cutover``, ``rollback`` and ``status`` run a bridged migration
+(``consensus_api.cli.migrate_bridge``).
 
 Exit status: 0 done; 1 differences found (``--verify``), paths the target
 cannot hold, or a target that already holds other data (refused without
@@ -25,6 +27,7 @@ from consensus_api.cli._common import (
     print_error,
     show_text,
 )
+from consensus_api.cli.migrate_bridge import cutover, rollback, status
 from consensus_api.migrate import Action, Migration, Report
 
 EXIT_INTERRUPTED = 130
@@ -33,9 +36,9 @@ EXIT_INTERRUPTED = 130
 SHOWN = 20
 
 
-@click.command("migrate")
-@click.option("--from", "source", required=True, metavar="URL", help="The backend to copy from.")
-@click.option("--to", "target", required=True, metavar="URL", help="The backend to copy to.")
+@click.group("migrate", invoke_without_command=True, subcommand_metavar="[cutover|rollback|status]")
+@click.option("--from", "source", metavar="URL", help="The backend to copy from (required).")
+@click.option("--to", "target", metavar="URL", help="The backend to copy to (required).")
 @click.option(
     "--prefix", default="", metavar="NS", help="Only this key and the keys below it (default: all)."
 )
@@ -60,9 +63,11 @@ SHOWN = 20
     show_default=True,
     help="With --follow: seconds between full rescans of the source (finds keys in new namespaces).",
 )
+@click.pass_context
 def migrate(  # noqa: PLR0917 - click passes every option as a parameter
-    source: str,
-    target: str,
+    ctx: click.Context,
+    source: str | None,
+    target: str | None,
     prefix: str,
     raw: bool,
     follow: bool,
@@ -75,8 +80,16 @@ def migrate(  # noqa: PLR0917 - click passes every option as a parameter
 
     Re-running resumes: nothing is duplicated and no value someone else wrote
     to the target is overwritten. Members, candidates and leaders are not
-    copied: clients re-join on the new backend.
+    copied: clients re-join on the new backend, or move by themselves when they
+    run bridged (connect with migrate_to) and an operator runs `consensus
+    migrate cutover` (docs/migration.md).
     """
+    if ctx.invoked_subcommand is not None:
+        if source is not None or target is not None:
+            raise click.UsageError(f"give --from and --to after '{ctx.invoked_subcommand}'")
+        return
+    if source is None or target is None:
+        raise click.UsageError("Missing option '--from' or '--to'.")
     if verify and (follow or dry_run or overwrite):
         raise click.UsageError(
             "--verify only compares: it cannot be combined with --follow, --dry-run or --overwrite"
@@ -97,6 +110,10 @@ def migrate(  # noqa: PLR0917 - click passes every option as a parameter
     finally:
         signal.signal(signal.SIGTERM, previous)
     _finish(report)
+
+
+for _command in (cutover, rollback, status):
+    migrate.add_command(_command)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Mapping
 
 from consensus_api.errors import ConsensusError
+from consensus_api.floor import RESERVED_KEYS
 from consensus_api.keys import SEPARATOR
 from consensus_api.storage import Storage
 
@@ -43,8 +44,9 @@ def digest(value: bytes | None) -> Digest:
 
 
 def reserved(key: str) -> bool:
-    """Whether ``key`` is the ledger or below it."""
-    return key == LEDGER or key.startswith(LEDGER + SEPARATOR)
+    """Whether ``key`` is the ledger or below it, or a key of the bridged migration (the term floor,
+    the marker): never copied or compared."""
+    return key == LEDGER or key.startswith(LEDGER + SEPARATOR) or key in RESERVED_KEYS
 
 
 def _key_digest(key: str) -> str:

@@ -1,10 +1,10 @@
 """Checking recorded histories (``consensus check``): linearizability, elections, membership, listeners,
-locks.
+locks, migrations' cut-overs.
 
 ``check_history(location, engine="spark" | "local")`` reads every Parquet
 history in a directory (see docs/history-format.md) and returns an
 :class:`Outcome`; both engines run the same per-object checks and reach the
-same verdicts (the per-object checks in buckets, the ``locks`` check once per run).
+same verdicts (the per-object checks in buckets, the ``locks`` and ``cutover`` checks once per run).
 With Spark the location may be any URL the executors read (``file://`` on
 shared storage, ``s3a://``, ``hdfs://``): the executors read the history and
 run the checker's code the job ships them (``checker.spark_io``).
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from consensus_api.errors import ConfigurationError
-from consensus_chaos.check import locks
+from consensus_chaos.check import cutover, locks
 from consensus_chaos.check.external import check_files
 from consensus_chaos.check.local import history_files, run_backends, run_local
 from consensus_chaos.check.result import Outcome
@@ -55,7 +55,7 @@ def check_history(
     if engine == "local":
         if directory is None:
             raise ConfigurationError(f"the local engine reads local directories, not {location}: use Spark")
-        tables = [run_local(directory, budget), locks.check_local(directory)]
+        tables = [run_local(directory, budget), locks.check_local(directory), cutover.check_local(directory)]
         runs = run_backends(history_files(directory))
     else:
         session = session or spark_session(master, driver_memory)
@@ -63,7 +63,11 @@ def check_history(
         with readable(url):
             frame = history_frame(session, url)
             runs, rows = run_sizes(frame)
-            tables = [run_spark(frame, rows, budget, session), locks.check_spark(frame)]
+            tables = [
+                run_spark(frame, rows, budget, session),
+                locks.check_spark(frame),
+                cutover.check_spark(frame),
+            ]
     outcome = Outcome.from_rows([row for table in tables for row in table.to_pylist()], engine)
     outcome.runs = runs
     outcome.seconds = time.monotonic() - began

@@ -43,9 +43,16 @@ def run_backends(paths: Sequence[Path]) -> dict[str, str]:
 
 
 def read_history(paths: Sequence[Path]) -> Any:
-    """All rows of ``paths`` as one ``pyarrow.Table`` in the history schema."""
+    """All rows of ``paths`` as one ``pyarrow.Table`` in the history schema (a column a file recorded
+    before it existed is null)."""
     schema = arrow_schema()
-    return pa.concat_tables([pq.read_table(path).select(schema.names).cast(schema) for path in paths])
+    tables = []
+    for path in paths:
+        table = pq.read_table(path)
+        for name in set(schema.names) - set(table.column_names):
+            table = table.append_column(name, pa.nulls(table.num_rows, schema.field(name).type))
+        tables.append(table.select(schema.names).cast(schema))
+    return pa.concat_tables(tables)
 
 
 def project(table: Any) -> Any:

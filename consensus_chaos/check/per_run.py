@@ -85,8 +85,11 @@ def check_local(
     by_run: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
     wanted = [*kinds, "nemesis"]
     for path in history_files(directory):  # only the wanted kinds' rows become Python objects
-        for row in pq.read_table(path, columns=list(columns), filters=[("kind", "in", wanted)]).to_pylist():
-            by_run[row["run"]].append(row)
+        recorded = pq.read_schema(path).names
+        present = [name for name in columns if name in recorded]  # a file older than a column lacks it
+        absent = dict.fromkeys(name for name in columns if name not in present)
+        for row in pq.read_table(path, columns=present, filters=[("kind", "in", wanted)]).to_pylist():
+            by_run[row["run"]].append(absent | row)
     return pa.concat_tables([check(rows) for rows in by_run.values()] or [check([])])
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,6 +31,8 @@ MAX_BUCKETS = 1024
 #: Shuffle partitions hold about this many rows at most, so a task's sort buffers stay small.
 ROWS_PER_PARTITION = 1_000_000
 DRIVER_MEMORY = "2g"
+#: How long a job on a cluster waits for its first executor before it gives up (seconds).
+EXECUTOR_WAIT = 120.0
 LOOPBACK = "127.0.0.1"
 _MEMORY = re.compile(r"[1-9][0-9]*[kmgt]?", re.IGNORECASE)
 _SPARK_TYPES = {"string": "string", "int64": "bigint", "list<string>": "array<string>"}
@@ -44,7 +47,9 @@ def check_memory(amount: str) -> str:
     return amount
 
 
-def spark_session(master: str = "local[*]", driver_memory: str = DRIVER_MEMORY) -> Any:
+def spark_session(
+    master: str = "local[*]", driver_memory: str = DRIVER_MEMORY, *, executor_wait: float = EXECUTOR_WAIT
+) -> Any:
     """A SparkSession configured for this job (see the module docstring), the checker's code shipped to
     it; one running with ``master`` is reused, one with another master stopped first (a process holds
     one SparkContext).
@@ -55,7 +60,9 @@ def spark_session(master: str = "local[*]", driver_memory: str = DRIVER_MEMORY) 
     set. With ``local[N]`` or a master at a
     loopback address the driver binds 127.0.0.1; with another master it binds where the environment
     says (``SPARK_LOCAL_IP``, ``spark.driver.host`` in ``spark-defaults.conf``), so that executors on
-    other machines reach it."""
+    other machines reach it. On a cluster, a master that gives the job no executor within
+    ``executor_wait`` seconds (no live worker, or none with the memory and a core the job asks) is a
+    ``ConfigurationError``: a check never waits for resources forever."""
     check_memory(driver_memory)
     try:
         from pyspark.sql import SparkSession  # noqa: PLC0415 - pyspark, the optional spark extra
@@ -88,8 +95,27 @@ def spark_session(master: str = "local[*]", driver_memory: str = DRIVER_MEMORY) 
     except Exception as exc:  # Java missing or unusable, ports refused...: the environment, not the history
         raise ConfigurationError(f"could not start Spark with master {master!r}: {exc}") from exc
     session.sparkContext.setLogLevel("ERROR")
+    if not master.startswith("local"):
+        _await_executor(session, master, executor_wait)
     ship_code(session.sparkContext)
     return session
+
+
+def _await_executor(session: Any, master: str, wait: float) -> None:
+    """Return once the master gave the job an executor; stop the session and raise
+    ``ConfigurationError`` if it did not within ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    context = session.sparkContext
+    while context._jsc.sc().getExecutorMemoryStatus().size() < 2:  # the driver counts as one
+        if time.monotonic() >= deadline:
+            memory = context.getConf().get("spark.executor.memory", "1g")
+            session.stop()
+            raise ConfigurationError(
+                f"the Spark master {master} gave this check no executor within {wait:g} s: start its "
+                f"workers (consensus servers run spark), or give one {memory} of memory and a free core "
+                "($SPARK_EXECUTOR_MEMORY sets what the check asks)"
+            )
+        time.sleep(0.2)
 
 
 def on_this_machine(master: str) -> bool:

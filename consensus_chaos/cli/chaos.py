@@ -74,7 +74,28 @@ def _faults(text: str) -> frozenset[str]:
     show_default=True,
     help="storage: kv, election and group operations; coordinator: members of one resource group "
     "recording when they own what (checked by consensus ownership); locks: turns at exclusive and "
-    "shared fenced locks (checked by consensus check).",
+    "shared fenced locks (checked by consensus check); cutover: counters, an election and a lock on "
+    "bridged sessions while the store migrates to --migrate-to / --migrate-server, cut over half-way "
+    "(checked by consensus check).",
+)
+@click.option(
+    "--migrate-to",
+    default=None,
+    help="--workload cutover: the new store's URL ($VAR expanded); the clients connect to URL with "
+    "migrate_to= it.",
+)
+@click.option(
+    "--migrate-server",
+    type=click.Choice(store_names()),
+    default=None,
+    help="--workload cutover: start this server as the new store (sqlite: a fresh temp file).",
+)
+@click.option(
+    "--cutover-at",
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    default=0.5,
+    show_default=True,
+    help="--workload cutover: when the cut-over starts, as a fraction of --duration.",
 )
 @click.option(
     "--nodes",
@@ -108,6 +129,9 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
     nodes: int,
     seed: int | None,
     log_level: str,
+    migrate_to: str | None,
+    migrate_server: str | None,
+    cutover_at: float,
 ) -> None:
     """Run CLIENTS processes doing random storage, election and membership operations for DURATION
     seconds while faults are injected; record everything in OUT/<run>.parquet.
@@ -120,6 +144,12 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
     restart it 0.5-2 s later), leader-pause (SIGSTOP it for 0.5-3 s),
     partition (cut a follower off the other nodes for 0.5-3 s); kill, pause
     and restart then act on every node at once.
+
+    --workload cutover: the clients connect bridged (migrate_to=) and the
+    run's keys are followed onto the new store; half-way the cut-over moves
+    authority to it while kill, pause and restart (of the new store's
+    server, else the old one's) go on; at the end the new store's counters
+    are read into the history.
     """
     extra = {} if seed is None else {"seed": seed}
     options = ChaosOptions(
@@ -137,6 +167,9 @@ def chaos(  # noqa: PLR0917 - click passes every option as a parameter
         workload=workload,
         nodes=nodes,
         log_level=log_level,
+        migrate_to=expand_url(migrate_to),
+        migrate_server=migrate_server,
+        cutover_at=cutover_at,
         **extra,
     )
     options.validate()

@@ -28,7 +28,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,12 +120,17 @@ class Workload:
 
 
 def serve(
-    args: argparse.Namespace, start: Callable[[Session, Journal], Workload], *, auto_rejoin: bool = True
+    args: argparse.Namespace,
+    start: Callable[[Session, Journal], Workload],
+    *,
+    auto_rejoin: bool = True,
+    extra: Mapping[str, Any] | None = None,
 ) -> int:
-    """A chaos client's life, the same for every workload: open the session (exit 2 for a bad
-    configuration), journal, tell the runner the session at each CONNECTED; ``start`` sets the workload
-    up, then ``READY``, the workload, ``STOPPED``, on ``FINAL`` its final markers and ``DONE``, on
-    ``EXIT`` ``BYE``. A ``ConsensusError`` ends the workload early; the session is always closed."""
+    """A chaos client's life, the same for every workload: open the session (``extra`` added to the
+    connect options; exit 2 for a bad configuration), journal, tell the runner the session at each
+    CONNECTED; ``start`` sets the workload up, then ``READY``, the workload, ``STOPPED``, on
+    ``FINAL`` its final markers and ``DONE``, on ``EXIT`` ``BYE``. A ``ConsensusError`` ends the
+    workload early; the session is always closed."""
     parent = Parent(args.lifetime, stop_words=("STOP", "EXIT"))
     log_to_stderr(args.log_level)
     options: dict[str, Any] = {
@@ -133,6 +138,7 @@ def serve(
         "request_timeout": args.request_timeout,
         "connect_timeout": max(args.request_timeout, 2.0),
         "auto_rejoin": auto_rejoin,
+        **(extra or {}),
     }
     try:
         session = open_session(os.environ[ENV_URL], options, parent)

@@ -4,7 +4,8 @@ Guarantees: ``process`` is unique per (client process, incarnation), so every
 process is sequential; ``op_id`` is unique per operation within the run; an
 operation whose process died with it outstanding (no completion record) gets
 an ``info`` completion, error ``crashed``, at the time its process was killed
-(or the end of the run). Rows are sorted by ``time_ns``.
+(or the end of the run). Rows are sorted by ``time_ns``. A journal with a negative
+spawn number (the nemesis, the migration driver) keeps it as its process.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def collect(
     for record in records:
         spawn, seq = record.get("spawn", NEMESIS_PROCESS), record.get("seq")
         ident = (spawn, record.get("inc", 0))
-        nemesis = spawn == NEMESIS_PROCESS
-        process = NEMESIS_PROCESS if nemesis else processes.setdefault(ident, len(processes))
+        driver = spawn < 0  # the nemesis, or the migration driver: its spawn is its process
+        process = spawn if driver else processes.setdefault(ident, len(processes))
         row = {name: record.get(name) for name in COLUMNS}
         row.update(run=run, backend=backend, process=process)
         if seq is not None:
@@ -78,5 +79,5 @@ def summarize(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     for row in rows:
         counts[f"{row['kind']}/{row['type']}"] += 1
         processes.add(row["process"])
-    counts["processes"] = len(processes - {NEMESIS_PROCESS})
+    counts["processes"] = len({process for process in processes if process >= 0})
     return dict(counts)

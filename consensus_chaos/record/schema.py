@@ -33,6 +33,14 @@ COORDINATOR: Final = "coordinator"
 #: The locks workload's rows (``consensus_chaos.record.locks``): ``acquire`` / ``release`` operations
 #: and ``lost`` events; ``key`` the lock, ``value`` the mode, ``term`` the token, ``leader`` the holder.
 LOCK: Final = "lock"
+#: The cutover workload's client rows (``consensus_chaos.record.cutover``), on bridged sessions: CAS
+#: increments (``read``, ``cas``), elections (``nominate``, ``resign``, ``leadership``, ``leader``
+#: events), locks (``acquire``, ``release``, ``lost`` events) and fenced ``write`` operations; ``store``
+#: says which side served each (``old`` / ``new``).
+CUTOVER: Final = "cutover"
+#: The migration driver's rows in a cutover run (process ``MIGRATION_PROCESS``): the ``cutover``
+#: operation, and ``final`` events, the new store's state read directly at the end.
+MIGRATION: Final = "migration"
 
 # Operations (``f``): kv fetch/put/update/delete, these election ops, group join/leave/members.
 ELECTION_OPS: Final = frozenset({"nominate", "resign", "leadership"})
@@ -47,7 +55,16 @@ UNWATCH: Final = "unwatch"  # a listener was removed
 FINAL: Final = "final"  # after quiescence: the observer's direct read of the final state
 STATE_EVENT: Final = "state"  # a session state change (kind "session")
 
+#: Terms and tokens are stored as BIGINT by external resources: every one must stay below this.
+TOKEN_LIMIT: Final = 2**63
+#: The ``error`` of an ``ok`` row whose term does not fit the int64 ``term`` column (``: N`` follows).
+OUT_OF_RANGE: Final = "term out of range"
+
 NEMESIS_PROCESS: Final = -1
+MIGRATION_PROCESS: Final = -2
+#: ``store`` values: the migration's source and target.
+OLD_STORE: Final = "old"
+NEW_STORE: Final = "new"
 
 #: Column name -> Arrow type name, in file order.
 COLUMNS: Final[dict[str, str]] = {
@@ -69,6 +86,7 @@ COLUMNS: Final[dict[str, str]] = {
     "op_id": "int64",
     "error": "string",
     "time_ns": "int64",
+    "store": "string",
 }
 
 

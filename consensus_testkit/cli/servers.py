@@ -27,8 +27,8 @@ from consensus_testkit.launchers import (
     launcher,
     require_launchers,
     secure_names,
+    server_names,
     start_cluster,
-    store_names,
 )
 from consensus_testkit.process import ServerHandle
 
@@ -61,7 +61,7 @@ def servers() -> None:
 
 
 @servers.command("run", cls=_SplitAtDashes)
-@click.argument("names", nargs=-1, required=True, type=click.Choice(store_names()))
+@click.argument("names", nargs=-1, required=True, type=click.Choice((SQLITE, *server_names())))
 @click.option(
     "--secure",
     is_flag=True,
@@ -189,7 +189,7 @@ def _start(name: str, secure: bool, nodes: int) -> _Server:
 
 
 @servers.command("install")
-@click.argument("names", nargs=-1, required=True, type=click.Choice(store_names()))
+@click.argument("names", nargs=-1, required=True, type=click.Choice((SQLITE, *server_names())))
 @click.option(
     "--yes",
     "run_apt",

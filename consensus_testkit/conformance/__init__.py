@@ -41,4 +41,5 @@ SECTIONS = (
     "coordinator",
     "security",
     "aio",
+    "migration",
 )

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from consensus_api.backend import Backend
 from consensus_api.session import Session
 
 T = TypeVar("T")
@@ -37,6 +38,12 @@ class SessionFactory(Protocol):
 def unique(prefix: str = "ct") -> str:
     """A name nobody else uses: ``<prefix>-<16 hex digits>`` (a valid key segment)."""
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def spi(session: Session) -> Backend:
+    """The backend behind ``session``, for the tests of SPI calls that only the core and the migration
+    tools make (``seal``, ``term_ceiling``, ``live_sessions``); not part of the public API."""
+    return session._backend
 
 
 def loss_timeout(session_timeout: float) -> float:

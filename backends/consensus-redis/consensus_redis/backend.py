@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
-from consensus_api.backend import Backend, BackendEvents, Target
+from consensus_api.backend import AsyncStorage, Backend, BackendEvents, Target
 from consensus_api.config import BackendURL, OptionParser, Options, boolean
 from consensus_api.errors import (
     BackendUnavailableError,
@@ -43,12 +43,14 @@ from consensus_api.errors import (
     OperationTimeoutError,
 )
 from consensus_api.model import Leadership, SessionState, Versioned
+from consensus_redis.aio import RedisStorage
 from consensus_redis.changes import ChangeStream
 from consensus_redis.client import RedisClient
 from consensus_redis.election import Election
 from consensus_redis.layout import Layout
 from consensus_redis.lease import Lease
 from consensus_redis.membership import Membership
+from consensus_redis.seal import Seal
 from consensus_redis.storage import Storage
 
 
@@ -70,6 +72,7 @@ class RedisBackend(Backend):
         self._storage = Storage(self._client, self._layout)
         self._membership = Membership(self._client, self._layout, self._lease)
         self._election = Election(self._client, self._layout, self._lease)
+        self._seal = Seal(self._client, self._layout)
         self._closed = False
         self._lock = threading.Lock()
 
@@ -130,6 +133,10 @@ class RedisBackend(Backend):
         """See ``Storage.walk``."""
         return self._storage.walk(namespace)
 
+    def async_storage(self) -> AsyncStorage | None:
+        """The same scripts over ``redis.asyncio`` (``consensus_redis.aio``)."""
+        return RedisStorage(self._client, self._layout)
+
     # Group membership
 
     def join(self, group: str, member_id: str, data: bytes) -> None:
@@ -157,6 +164,32 @@ class RedisBackend(Backend):
     def leadership(self, service: str) -> Leadership | None:
         """See ``Election.leadership``."""
         return self._election.leadership(service)
+
+    # Migration
+
+    def term_ceiling(self) -> int:
+        """See ``Seal.term_ceiling``."""
+        return self._seal.term_ceiling()
+
+    def seal(self) -> None:
+        """See ``Seal.seal``."""
+        self._seal.seal()
+
+    def unseal(self) -> None:
+        """See ``Seal.unseal``."""
+        self._seal.unseal()
+
+    def sealed(self) -> bool:
+        """See ``Seal.sealed``."""
+        return self._seal.sealed()
+
+    def session_identity(self) -> str:
+        """The id of this session's key (a new one after a loss)."""
+        return self._lease.session_id
+
+    def live_sessions(self) -> frozenset[str]:
+        """See ``Seal.live_sessions``."""
+        return self._seal.live_sessions()
 
     # Watches
 

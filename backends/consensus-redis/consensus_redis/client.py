@@ -34,6 +34,7 @@ from consensus_api.config import BackendURL, Endpoint, Options
 from consensus_api.errors import (
     BackendUnavailableError,
     ConfigurationError,
+    ConsensusError,
     OperationTimeoutError,
     PermissionDeniedError,
 )
@@ -44,7 +45,7 @@ DEFAULT_PORT = 6379
 RETRY_PAUSE = 0.05
 #: Replies that say the server did not run the command (it is starting, or busy with a script).
 _NOT_RUN = ("LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN")
-_NETWORK = (redis.ConnectionError, redis.TimeoutError, OSError)
+NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 #: No CLIENT SETINFO round trips on connect: a new connection costs nothing before its first command
 #: (AUTH only with a password). redis-py >= 7 takes ``driver_info=None``, older ones no lib name.
 _NO_SETINFO: dict[str, Any] = (
@@ -79,7 +80,6 @@ class RedisClient:
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigurationError(f"cannot use the TLS files for redis: {exc}") from None
             tls = {
-                "connection_class": redis.SSLConnection,
                 "ssl_ca_certs": security.tls_ca,
                 "ssl_certfile": security.tls_cert,
                 "ssl_keyfile": security.tls_key,
@@ -88,19 +88,23 @@ class RedisClient:
                 "ssl_check_hostname": True,
                 "ssl_min_version": ssl.TLSVersion.TLSv1_2,
             }
-        self.pool = redis.ConnectionPool(
-            host=host,
-            port=port,
-            username=security.username,
-            password=security.password,
-            socket_timeout=settings.request_timeout,
-            socket_connect_timeout=min(settings.request_timeout, settings.connect_timeout),
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-            protocol=2,  # the replies' shapes below are RESP2's
+        #: What every connection is made with (also the asyncio storage's, ``consensus_redis.aio``),
+        #: but the connection class for TLS and the retry policy, which differ for asyncio.
+        self.parameters: dict[str, Any] = {
+            "host": host,
+            "port": port,
+            "username": security.username,
+            "password": security.password,
+            "socket_timeout": settings.request_timeout,
+            "socket_connect_timeout": min(settings.request_timeout, settings.connect_timeout),
+            "health_check_interval": 0,
+            "protocol": 2,  # the replies' shapes below are RESP2's
             **_NO_SETINFO,
             **tls,
-        )
+        }
+        self.tls = bool(tls)
+        connection_class: dict[str, Any] = {"connection_class": redis.SSLConnection} if tls else {}
+        self.pool = redis.ConnectionPool(**self.parameters, retry=Retry(NoBackoff(), 0), **connection_class)
 
     def close(self) -> None:
         """Close every connection of the pool, also those in use: their calls raise
@@ -124,52 +128,32 @@ class RedisClient:
             sent = False
             try:
                 connection = self.pool.get_connection()
-            except (AuthenticationError, AuthorizationError) as exc:
-                raise ConfigurationError(
-                    f"authentication refused by redis at {self.address}: {exc}"
-                ) from None
-            except _NETWORK as exc:
-                if _tls_refused(exc):
-                    raise ConfigurationError(
-                        f"TLS with redis at {self.address} failed (certificate or handshake): {exc}"
-                    ) from None
-                self._pause_or_raise(
-                    deadline if retry else 0.0, f"cannot reach redis at {self.address}: {exc}"
-                )
+            except Exception as exc:
+                self._retry_or_raise(exc, connect_failure(exc, self.address), deadline if retry else 0.0)
                 continue
             try:
                 connection.send_command(*args)  # type: ignore[no-untyped-call]
                 sent = True
                 return connection.read_response(timeout=max(deadline - time.monotonic(), 0.01))
-            except NoScriptError:
-                raise
-            except (AuthenticationError, AuthorizationError) as exc:  # NOAUTH, WRONGPASS: not run
-                raise ConfigurationError(f"redis at {self.address} refused {args[0]}: {exc}") from None
-            except NoPermissionError as exc:  # NOPERM: the ACL user may not run it or touch its keys
-                raise PermissionDeniedError(f"redis at {self.address} refused access: {exc}") from None
-            except ResponseError as exc:
-                if not str(exc).startswith(_NOT_RUN):
-                    raise BackendUnavailableError(
-                        f"redis at {self.address} refused {args[0]}: {exc}"
-                    ) from None
-                self._pause_or_raise(
-                    deadline if retry else 0.0, f"redis at {self.address} is not ready: {exc}"
+            except Exception as exc:
+                if isinstance(exc, NETWORK_ERRORS):
+                    connection.disconnect()  # type: ignore[no-untyped-call]
+                outcome = command_failure(
+                    exc, self.address, args[0], sent=sent, write=write, closed=self.closed
                 )
-            except _NETWORK as exc:
-                connection.disconnect()  # type: ignore[no-untyped-call]
-                if sent and (write or isinstance(exc, redis.TimeoutError)):
-                    raise OperationTimeoutError(
-                        f"redis at {self.address} did not answer {args[0]} ({exc}); its effect is unknown"
-                    ) from None
-                self._pause_or_raise(
-                    deadline if retry else 0.0, f"redis at {self.address} did not answer: {exc}"
-                )
-            except (ValueError, AttributeError):  # redis-py, on a socket ``close`` closed under it
-                if not self.closed:
-                    raise
-                raise BackendUnavailableError(f"the client of redis at {self.address} is closed") from None
+                self._retry_or_raise(exc, outcome, deadline if retry else 0.0)
             finally:
                 self.pool.release(connection)
+
+    def _retry_or_raise(self, exc: Exception, outcome: ConsensusError | str | None, deadline: float) -> None:
+        """End a failed attempt as ``outcome`` says (``command_failure``): raise it, ``exc`` itself
+        (None), or pause before the next attempt (a reason: ``BackendUnavailableError`` with it
+        past ``deadline``)."""
+        if outcome is None:
+            raise exc
+        if isinstance(outcome, ConsensusError):
+            raise outcome from None
+        self._pause_or_raise(deadline, outcome)
 
     def run(
         self,
@@ -185,14 +169,58 @@ class RedisClient:
             reply = self.command("EVALSHA", script.sha, 0, *args, write=write, deadline=deadline, retry=retry)
         except NoScriptError:
             reply = self.command("EVAL", script.source, 0, *args, write=write, deadline=deadline, retry=retry)
-        if not isinstance(reply, list) or not reply:
-            raise BackendUnavailableError(f"unexpected reply from a script: {reply!r}")
-        return [reply[0].decode(), *reply[1:]]
+        return script_reply(reply)
 
     def _pause_or_raise(self, deadline: float, reason: str) -> None:
         if time.monotonic() + RETRY_PAUSE >= deadline:
             raise BackendUnavailableError(reason)
         time.sleep(RETRY_PAUSE)
+
+
+def script_reply(reply: Any) -> list[Any]:
+    """A script's reply (an array) with its first element (the outcome) decoded."""
+    if not isinstance(reply, list) or not reply:
+        raise BackendUnavailableError(f"unexpected reply from a script: {reply!r}")
+    return [reply[0].decode(), *reply[1:]]
+
+
+def connect_failure(exc: Exception, address: str) -> ConsensusError | str | None:
+    """How a failure to get a connection to redis at ``address`` ends: an error to raise, a reason
+    to try again until the deadline, or None (``exc`` itself propagates)."""
+    if isinstance(exc, AuthenticationError | AuthorizationError):
+        return ConfigurationError(f"authentication refused by redis at {address}: {exc}")
+    if not isinstance(exc, NETWORK_ERRORS):
+        return None
+    if _tls_refused(exc):
+        return ConfigurationError(f"TLS with redis at {address} failed (certificate or handshake): {exc}")
+    return f"cannot reach redis at {address}: {exc}"
+
+
+def command_failure(
+    exc: Exception, address: str, command: object, *, sent: bool, write: bool, closed: bool
+) -> ConsensusError | str | None:
+    """How a command (``command``: its name) that raised ``exc`` ends, as ``connect_failure``;
+    ``sent``: it reached the socket; ``closed``: the client was closed under it. A ``NOSCRIPT``
+    propagates (``run`` loads the script)."""
+    if isinstance(exc, NoScriptError):
+        return None
+    if isinstance(exc, AuthenticationError | AuthorizationError):  # NOAUTH, WRONGPASS: not run
+        return ConfigurationError(f"redis at {address} refused {command}: {exc}")
+    if isinstance(exc, NoPermissionError):  # NOPERM: the ACL user may not run it or touch its keys
+        return PermissionDeniedError(f"redis at {address} refused access: {exc}")
+    if isinstance(exc, ResponseError):
+        if not str(exc).startswith(_NOT_RUN):
+            return BackendUnavailableError(f"redis at {address} refused {command}: {exc}")
+        return f"redis at {address} is not ready: {exc}"
+    if isinstance(exc, NETWORK_ERRORS):
+        if sent and (write or isinstance(exc, redis.TimeoutError)):
+            return OperationTimeoutError(
+                f"redis at {address} did not answer {command} ({exc}); its effect is unknown"
+            )
+        return f"redis at {address} did not answer: {exc}"
+    if isinstance(exc, ValueError | AttributeError) and closed:  # redis-py, on a socket closed under it
+        return BackendUnavailableError(f"the client of redis at {address} is closed")
+    return None
 
 
 def _tls_refused(exc: BaseException) -> bool:

@@ -13,7 +13,9 @@ so no two names collide), mirrored by the Lua helper ``k(...)``:
 * ``g <group>`` / ``go <group>``: member -> data / member -> session;
 * ``c <service>`` (candidates by nomination order), ``co <service>``
   (candidate -> session), ``t <service>`` (the term counter), ``l <service>``
-  (the leader: ``id``, ``term``).
+  (the leader: ``id``, ``term``); ``ceiling``: the highest term of any service,
+  once asked for;
+* ``sealed``: present while a migration has sealed the store (``consensus_redis.seal``).
 """
 
 from __future__ import annotations

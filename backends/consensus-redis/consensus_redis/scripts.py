@@ -10,7 +10,11 @@ which Redis judges by its own clock, frozen for the length of a script.
 Every change appends one entry to the change stream, with an explicit id
 ``<seq>-0`` from a counter, so a reader sees a gap (trimming) as a jump.
 Replies are arrays whose first element names the outcome: ``ok``, ``exists``,
-``missing``, ``conflict``, ``fenced``, ``lost`` or ``other``.
+``missing``, ``conflict``, ``fenced``, ``sealed``, ``lost`` or ``other``.
+
+A migration's seal (``consensus_redis.seal``) is the key ``sealed``: each
+storage script refuses first thing while it exists, so a write racing the
+``SET`` that seals runs wholly before it (applied) or after it (refused).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ local function elect(service)
   if head then
     local term = redis.call('INCR', k('t', service))
     redis.call('HSET', k('l', service), 'id', head, 'term', term)
+    local ceiling = redis.call('GET', k('ceiling'))
+    if ceiling and term > tonumber(ceiling) then redis.call('SET', k('ceiling'), term) end
   else
     redis.call('DEL', k('l', service))
   end
@@ -84,6 +90,7 @@ local function release_reply(owners, id, sid)
   drop(owner)
   return {'ok'}
 end
+local function sealed() return redis.call('EXISTS', k('sealed')) == 1 end
 local function fence_ok()
   local service = ARGV[2]
   if service == '' then return true end
@@ -95,6 +102,7 @@ end
 
 #: Storage: ARGV = prefix, fence service ('' for none), fence leader, fence term, key, ...
 PUT = r"""
+if sealed() then return {'sealed'} end
 if not fence_ok() then return {'fenced'} end
 local key, value = ARGV[5], ARGV[6]
 local target = k('kv', key)
@@ -110,6 +118,7 @@ return {'ok', version}
 
 #: ARGV[6] = value, ARGV[7] = expected version ('' for any).
 UPDATE = r"""
+if sealed() then return {'sealed'} end
 if not fence_ok() then return {'fenced'} end
 local key, value, expected = ARGV[5], ARGV[6], ARGV[7]
 local target = k('kv', key)
@@ -124,6 +133,7 @@ return {'ok', version}
 
 #: ARGV[6] = expected version ('' for any).
 DELETE = r"""
+if sealed() then return {'sealed'} end
 if not fence_ok() then return {'fenced'} end
 local key, expected = ARGV[5], ARGV[6]
 local target = k('kv', key)
@@ -258,4 +268,34 @@ reap_owners(k('co', ARGV[2]))
 local lead = redis.call('HMGET', k('l', ARGV[2]), 'id', 'term')
 if not lead[1] then return {'missing'} end
 return {'ok', lead[1], lead[2]}
+"""
+
+#: The term ceiling: ARGV = prefix. Replies ``ok`` and the highest term any service has had.
+#: ``ceiling`` is kept by ``elect`` once it exists; the first call makes it from every term
+#: counter under the prefix (one ``SCAN`` of the key space, in this script: terms a release before
+#: the ceiling gave count too).
+TERM_CEILING = r"""
+local ceiling = redis.call('GET', k('ceiling'))
+if ceiling then return {'ok', ceiling} end
+local high, cursor = 0, '0'
+local counters = (P:gsub('[%*%?%[%]\\]', '\\%0')) .. '\0t\0*'
+repeat
+  local page = redis.call('SCAN', cursor, 'MATCH', counters, 'COUNT', 1000)
+  cursor = page[1]
+  for _, name in ipairs(page[2]) do
+    local term = tonumber(redis.call('GET', name))
+    if term > high then high = term end
+  end
+until cursor == '0'
+redis.call('SET', k('ceiling'), high)
+return {'ok', high}
+"""
+
+#: ARGV = prefix. Replies ``ok`` and the ids of the sessions whose key has not expired.
+LIVE_SESSIONS = r"""
+local live = {}
+for _, sid in ipairs(redis.call('ZRANGE', k('leases'), 0, -1)) do
+  if alive(sid) then table.insert(live, sid) end
+end
+return {'ok', live}
 """

@@ -1,8 +1,8 @@
 """Key-value storage: a hash per key, one Lua script per write (``scripts``), atomic on the server.
 
 Guarantees: every write's conditions (existence, version, and for a fenced
-write the election's term and leader) are checked in the same script that
-writes; versions come from one counter (``INCR``), so they strictly increase
+write the election's term and leader, and before them the seal: ``seal``) are
+checked in the same script that writes; versions come from one counter (``INCR``), so they strictly increase
 across updates, deletes and re-creates; reads go to the one server, so they
 are linearizable. ``walk`` reads pages of ``WALK_PAGE`` keys in key order, each
 by one script.
@@ -13,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from consensus_api.errors import FencedError, KeyExistsError, KeyNotFoundError, VersionConflictError
+from consensus_api.errors import (
+    FencedError,
+    KeyExistsError,
+    KeyNotFoundError,
+    SealedError,
+    VersionConflictError,
+)
 from consensus_api.keys import SEPARATOR
 from consensus_api.model import Leadership, Versioned
 from consensus_redis import scripts
@@ -36,28 +42,23 @@ class Storage:
 
     def fetch(self, key: str) -> Versioned | None:
         """The value and version of ``key`` (``HMGET`` on the one server: linearizable)."""
-        value, version = self._client.command("HMGET", self._layout.key("kv", key), "v", "n")
-        return None if version is None else Versioned(bytes(value), int(version))
+        return versioned(self._client.command("HMGET", self._layout.key("kv", key), "v", "n"))
 
     def put(self, key: str, value: bytes, fence: Leadership | None) -> int:
-        reply = self._write(PUT, fence, key, value)
-        if reply[0] == "exists":
-            raise KeyExistsError(f"key {key!r} already exists")
-        return int(reply[1])
+        return created(self._write(PUT, fence, key, value), key)
 
     def update(self, key: str, value: bytes, version: int | None, fence: Leadership | None) -> int:
-        reply = self._write(UPDATE, fence, key, value, "" if version is None else version)
-        self._raise_condition(reply, key, version)
+        reply = conditioned(
+            self._write(UPDATE, fence, key, value, "" if version is None else version), key, version
+        )
         return int(reply[1])
 
     def delete(self, key: str, version: int | None, fence: Leadership | None) -> None:
-        reply = self._write(DELETE, fence, key, "" if version is None else version)
-        self._raise_condition(reply, key, version)
+        conditioned(self._write(DELETE, fence, key, "" if version is None else version), key, version)
 
     def keys(self, namespace: str) -> frozenset[str]:
         """The set of existing keys directly below ``namespace`` (kept by the write scripts)."""
-        members = self._client.command("SMEMBERS", self._layout.key("ns", namespace))
-        return frozenset(member.decode() for member in members)
+        return key_set(self._client.command("SMEMBERS", self._layout.key("ns", namespace)))
 
     def walk(self, namespace: str) -> Iterator[tuple[str, Versioned]]:
         """Pages of ``WALK_PAGE`` keys in key order, each read by one script (a linearizable read)."""
@@ -73,20 +74,55 @@ class Storage:
             after = rows[-3].decode()
 
     def _write(self, script: Script, fence: Leadership | None, *args: Any) -> list[Any]:
-        """Run a storage script; ``FencedError`` if ``fence`` is not the current leadership."""
-        fencing: tuple[str, str, str | int] = ("", "", "")
-        if fence is not None:
-            if fence.term < 1:
-                raise FencedError(f"term {fence.term} of {fence.service!r} was never current")
-            fencing = (fence.service, fence.leader_id, fence.term)
-        reply = self._client.run(script, self._layout.prefix, *fencing, *args)
-        if reply[0] == "fenced" and fence is not None:
-            raise FencedError(f"{fence.leader_id!r} no longer leads {fence.service!r} in term {fence.term}")
-        return reply
+        """Run a storage script (``written``)."""
+        return written(self._client.run(script, self._layout.prefix, *fencing(fence), *args), fence)
 
-    @staticmethod
-    def _raise_condition(reply: list[Any], key: str, version: int | None) -> None:
-        if reply[0] == "missing":
-            raise KeyNotFoundError(f"key {key!r} does not exist")
-        if reply[0] == "conflict":
-            raise VersionConflictError(f"key {key!r} is at version {int(reply[1])}, not {version}")
+
+# What the scripts are sent and what their replies mean: also for the asyncio storage
+# (``consensus_redis.aio``), which sends the same scripts.
+
+
+def fencing(fence: Leadership | None) -> tuple[str, str, str | int]:
+    """A storage script's fence arguments (empty: unfenced); ``FencedError`` for a term never current."""
+    if fence is None:
+        return "", "", ""
+    if fence.term < 1:
+        raise FencedError(f"term {fence.term} of {fence.service!r} was never current")
+    return fence.service, fence.leader_id, fence.term
+
+
+def written(reply: list[Any], fence: Leadership | None) -> list[Any]:
+    """A storage script's reply; ``SealedError`` if the store is sealed, ``FencedError`` if ``fence``
+    is not the current leadership."""
+    if reply[0] == "sealed":
+        raise SealedError("the store is sealed by a migration's cut-over; the write was not applied")
+    if reply[0] == "fenced" and fence is not None:
+        raise FencedError(f"{fence.leader_id!r} no longer leads {fence.service!r} in term {fence.term}")
+    return reply
+
+
+def created(reply: list[Any], key: str) -> int:
+    """``PUT``'s new version; ``KeyExistsError``."""
+    if reply[0] == "exists":
+        raise KeyExistsError(f"key {key!r} already exists")
+    return int(reply[1])
+
+
+def conditioned(reply: list[Any], key: str, version: int | None) -> list[Any]:
+    """``UPDATE``'s or ``DELETE``'s reply; ``KeyNotFoundError``, ``VersionConflictError``."""
+    if reply[0] == "missing":
+        raise KeyNotFoundError(f"key {key!r} does not exist")
+    if reply[0] == "conflict":
+        raise VersionConflictError(f"key {key!r} is at version {int(reply[1])}, not {version}")
+    return reply
+
+
+def versioned(fields: list[Any]) -> Versioned | None:
+    """``HMGET key v n`` as what ``fetch`` returns."""
+    value, version = fields
+    return None if version is None else Versioned(bytes(value), int(version))
+
+
+def key_set(members: Any) -> frozenset[str]:
+    """``SMEMBERS`` of a namespace's set as what ``keys`` returns."""
+    return frozenset(member.decode() for member in members)

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import ClassVar
 
-from consensus_api.backend import Backend, BackendEvents, Reader, Target
+from consensus_api.backend import AsyncStorage, Backend, BackendEvents, Reader, Target
 from consensus_api.config import BackendURL, OptionParser, Options, boolean
 from consensus_api.errors import (
     BackendUnavailableError,
@@ -34,6 +34,7 @@ from consensus_api.errors import (
     OperationTimeoutError,
 )
 from consensus_api.model import Leadership, SessionState, Versioned
+from consensus_backends.etcd import aio
 from consensus_backends.etcd.changes import PrefixWatch
 from consensus_backends.etcd.channel import TLS
 from consensus_backends.etcd.client import EtcdClient
@@ -42,6 +43,7 @@ from consensus_backends.etcd.layout import Layout
 from consensus_backends.etcd.lease import LeasedKeys, LeaseKeeper
 from consensus_backends.etcd.membership import Membership
 from consensus_backends.etcd.rereads import ChangeReader
+from consensus_backends.etcd.seal import Seal, identity
 from consensus_backends.etcd.storage import Storage
 
 DEFAULT_PORT = 2379
@@ -60,6 +62,7 @@ class EtcdBackend(Backend):
     _membership: Membership
     _election: Election
     _watch: PrefixWatch
+    _seal: Seal
 
     def __init__(self, url: BackendURL, options: Options, events: BackendEvents) -> None:
         super().__init__(url, options, events)
@@ -86,8 +89,13 @@ class EtcdBackend(Backend):
             password=self.settings.security.password,
             request_timeout=self.settings.request_timeout,
         )
+        self._seal = Seal(self._client, self._layout, self.settings.request_timeout)
         self._keeper = LeaseKeeper(
-            self._client, self.settings.session_timeout, self.settings.request_timeout, self._on_state
+            self._client,
+            self.settings.session_timeout,
+            self.settings.request_timeout,
+            self._on_state,
+            self._seal.announce,
         )
         self._storage = Storage(self._client, self._layout, self.settings.request_timeout)
         self._leased = LeasedKeys(self._client, self._keeper, self.settings.request_timeout)
@@ -200,12 +208,43 @@ class EtcdBackend(Backend):
         """A value's re-read from its latest watch event where that is provably current (``rereads``)."""
         return ChangeReader(self._storage, self._membership, self._election, self._client, self._watch)
 
+    def async_storage(self) -> AsyncStorage:
+        """The storage over ``grpc.aio`` on the running event loop (``aio.AsyncStorage``): the same
+        requests, connection, token and trouble as the blocking calls."""
+        return aio.AsyncStorage(self._client, self._storage.steps, self.settings.request_timeout)
+
     def server_version(self) -> str | None:
         """The version the etcd member reports in its status (None if it does not answer in time)."""
         try:
             return self._client.status_version(self._deadline())
         except ConsensusError:
             return None
+
+    # Migration
+
+    def term_ceiling(self) -> int:
+        """See ``Seal.term_ceiling``: the cluster's revision."""
+        return self._seal.term_ceiling()
+
+    def seal(self) -> None:
+        """See ``Seal.seal``."""
+        self._seal.seal()
+
+    def unseal(self) -> None:
+        """See ``Seal.unseal``."""
+        self._seal.unseal()
+
+    def sealed(self) -> bool:
+        """See ``Seal.sealed``."""
+        return self._seal.sealed()
+
+    def session_identity(self) -> str:
+        """The session's lease id in hex; ``SessionLostError`` while a lost lease is being replaced."""
+        return identity(self._keeper.current())
+
+    def live_sessions(self) -> frozenset[str]:
+        """See ``Seal.live_sessions``."""
+        return self._seal.live_sessions()
 
     def fault_identity(self) -> dict[str, object]:
         """The session's lease: ``{"lease": id}`` (None while it is being replaced), the member its

@@ -45,8 +45,8 @@ import pyetcd
 from pyetcd import etcdrpc
 from pyetcd.exceptions import NoServerAvailableError
 
-from consensus_api.errors import ConfigurationError, OperationTimeoutError, SessionLostError
-from consensus_backends.etcd.channel import TLS, netloc, open_endpoint
+from consensus_api.errors import ConfigurationError, ConsensusError, OperationTimeoutError, SessionLostError
+from consensus_backends.etcd.channel import TLS, netloc, open_aio_channel, open_endpoint
 from consensus_backends.etcd.errors import (
     NOT_SENT,
     TLS_REFUSED,
@@ -86,6 +86,8 @@ class Stubs:
     kv: Any
     lease: Any
     auth: Any
+    #: The endpoint's ``(host, port)``.
+    address: tuple[str, int]
 
 
 class RetryingCalls:
@@ -114,6 +116,7 @@ class RetryingCalls:
         self._troubled = False
         self._troubles = 0
         self._in_flight: set[Any] = set()
+        self._trouble_listeners: list[Callable[[], None]] = []
         self._client = pyetcd.MultiEndpointEtcd3Client(
             endpoints=[open_endpoint(host, port, self._tls) for host, port in endpoints],
             timeout=request_timeout,
@@ -146,27 +149,88 @@ class RetryingCalls:
                 self._recheck_at = 0.0
         for call in cancel:
             call.cancel()
+        if troubled:
+            for listener in list(self._trouble_listeners):
+                listener()
         if old is not None:
             old.close()
+
+    def on_trouble(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` (on the thread that reports it, at once) whenever trouble begins, so
+        calls made elsewhere (``aio``) end too; returns what stops that."""
+        with self._lock:
+            self._trouble_listeners.append(listener)
+
+        def remove() -> None:
+            with self._lock:
+                if listener in self._trouble_listeners:
+                    self._trouble_listeners.remove(listener)
+
+        return remove
+
+    def open_aio_channel(self, address: tuple[str, int]) -> grpc.aio.Channel:
+        """A ``grpc.aio`` channel to ``address`` like the unary calls' channels (TLS, options)."""
+        return open_aio_channel(*address, self._tls)
 
     def authenticate(self, deadline: float) -> None:
         """Get an auth token when the URL names a user; ``ConfigurationError`` if etcd refuses it
         (``call`` asks again once a token expired)."""
         if self._user is None:
             return
-        request = etcdrpc.AuthenticateRequest(name=self._user, password=self._password or "")
         try:
             response = self.call(
-                "authentication", _authenticate, request, deadline, retry=True, authenticated=False
+                "authentication", _authenticate, self.credentials(), deadline, retry=True, authenticated=False
             )
-        except ConfigurationError as exc:
-            if str(exc).startswith(TLS_REFUSED):
-                raise
-            raise ConfigurationError(f"etcd refused the credentials of user {self._user!r}: {exc}") from None
-        except AuthDisabledError:  # as etcd's own client does: no token needed
+        except ConsensusError as exc:
+            self.refused(exc)
+            return
+        self.use_token(response.token)
+
+    def credentials(self) -> Any:
+        """The AuthenticateRequest of the URL's user (``authenticate``)."""
+        return etcdrpc.AuthenticateRequest(name=self._user, password=self._password or "")
+
+    def refused(self, exc: ConsensusError) -> None:
+        """Judge an authentication that failed with ``exc``: raise what the caller sees, or return
+        where etcd has authentication disabled (as etcd's own client does: no token needed)."""
+        if isinstance(exc, AuthDisabledError):
             log.debug("etcd has authentication disabled; connecting without a token")
             return
-        self._metadata = (REQUIRE_LEADER, ("token", response.token))
+        if isinstance(exc, ConfigurationError) and not str(exc).startswith(TLS_REFUSED):
+            raise ConfigurationError(f"etcd refused the credentials of user {self._user!r}: {exc}") from None
+        raise exc
+
+    def use_token(self, token: str) -> None:
+        """Send ``token`` with every authenticated call from now on."""
+        self._metadata = (REQUIRE_LEADER, ("token", token))
+
+    @property
+    def metadata(self) -> Metadata:
+        """What every authenticated call carries (the leader requirement, the auth token)."""
+        return self._metadata
+
+    @property
+    def user(self) -> str | None:
+        """The URL's user (None: no authentication)."""
+        return self._user
+
+    @property
+    def troubled(self) -> bool:
+        """Whether the session is in trouble (``set_troubled``): calls make one attempt."""
+        return self._troubled
+
+    @property
+    def failover(self) -> bool:
+        """Whether there are several endpoints: a retried attempt ends after ``FIRST_ATTEMPT``."""
+        return len(self._addresses) > 1
+
+    def address(self) -> tuple[str, int] | None:
+        """The ``(host, port)`` calls go to now (failing over from an endpoint marked failed, checked
+        at most every ``RECHECK`` seconds), or None while every endpoint failed a moment ago."""
+        try:
+            return self._current_stubs().address
+        except (NoServerAvailableError, ValueError):
+            return None
 
     def _current_stubs(self) -> Stubs:
         """The stubs of the endpoint in use; the endpoint and the warm stream are checked at most
@@ -179,7 +243,11 @@ class RetryingCalls:
             channel = self._client.channel
             if self._stubs is None or self._stubs.channel is not channel:
                 self._stubs = Stubs(
-                    channel, etcdrpc.KVStub(channel), etcdrpc.LeaseStub(channel), etcdrpc.AuthStub(channel)
+                    channel,
+                    etcdrpc.KVStub(channel),
+                    etcdrpc.LeaseStub(channel),
+                    etcdrpc.AuthStub(channel),
+                    self._addresses[self._client.endpoint_in_use.netloc],
                 )
             warm = self._warm
             if not self._closed and (warm is None or warm.channel is not channel or warm.stale()):
@@ -264,26 +332,40 @@ class RetryingCalls:
             except grpc.FutureCancelledError:
                 raise interrupted(what) from None
             except grpc.RpcError as exc:
-                code = exc.code()
-                if code is Code.CANCELLED:
-                    raise interrupted(what) from None
-                if code is Code.UNAUTHENTICATED and reauthenticate and self._user is not None:
-                    reauthenticate = False  # the token expired; the call was refused, not applied
-                    self.authenticate(deadline)
-                    continue
-                if code not in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED) or certificate_refused(
-                    code, exc.details() or ""
-                ):
-                    raise translate(exc, what) from None
-                self.endpoint_failed()
-                unsent = code is Code.UNAVAILABLE and NOT_SENT in (exc.details() or "")
-                again = unsent or (retry and (code is Code.UNAVAILABLE or timeout < remaining))
-                if not again or stream is not None or self._troubled:
-                    if unsent:
-                        raise OperationTimeoutError(f"etcd is unreachable; {what} was not sent") from None
+                cut_short = timeout < remaining
+                if self.after_failure(exc, what, retry=retry, cut_short=cut_short, single=stream is not None):
+                    if reauthenticate and self._user is not None:
+                        reauthenticate = False  # the token expired; the call was refused, not applied
+                        self.authenticate(deadline)
+                        continue
                     raise translate(exc, what) from None
                 attempt *= 2
                 time.sleep(max(min(RETRY_PAUSE, deadline - time.monotonic()), 0))
+
+    def after_failure(self, exc: Any, what: str, *, retry: bool, cut_short: bool, single: bool) -> bool:
+        """Judge an attempt that failed with the grpc error ``exc``: raise the error the call ends
+        with, or return whether the auth token was refused (True: authenticate again, then send it
+        again) or the call goes again to the endpoint in use then (False: pause first).
+
+        ``retry``: harmless to repeat; ``cut_short``: the attempt's timeout was shorter than what
+        was left of the call's; ``single``: the call gets one attempt."""
+        code = exc.code()
+        if code is Code.CANCELLED:
+            raise interrupted(what) from None
+        if code is Code.UNAUTHENTICATED:
+            return True
+        if code not in (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED) or certificate_refused(
+            code, exc.details() or ""
+        ):
+            raise translate(exc, what) from None
+        self.endpoint_failed()
+        unsent = code is Code.UNAVAILABLE and NOT_SENT in (exc.details() or "")
+        again = unsent or (retry and (code is Code.UNAVAILABLE or cut_short))
+        if not again or single or self._troubled:
+            if unsent:
+                raise OperationTimeoutError(f"etcd is unreachable; {what} was not sent") from None
+            raise translate(exc, what) from None
+        return False
 
     def _await(self, call: Any, finish: Callable[[Any], Any], troubles: int) -> Any:
         """``finish(call)``, with ``call`` cancelled by trouble that began since it started."""

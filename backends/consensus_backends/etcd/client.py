@@ -64,11 +64,20 @@ class EtcdClient:
         """A RangeResponse; linearizable unless the request says otherwise. ``read_revision`` is the
         highest revision a read has returned."""
         response = self._calls.call("a read", _range, request, deadline, retry=True)
+        self.note_read(response)
+        return response
+
+    def note_read(self, response: Any) -> None:
+        """Raise ``read_revision`` to the revision of a read's ``response`` (reads made elsewhere too)."""
         revision = int(response.header.revision)
         if revision > self.read_revision:
             with self._floor_lock:
                 self.read_revision = max(self.read_revision, revision)
-        return response
+
+    @property
+    def calls(self) -> RetryingCalls:
+        """The connection and its call plumbing (for the asyncio face, ``aio``)."""
+        return self._calls
 
     def txn(self, request: Any, deadline: float) -> Any:
         """A TxnResponse; never sent twice."""

@@ -4,7 +4,9 @@ Under the URL's prefix ``P`` (its path without the trailing ``/``):
 
 * ``P/kv/<key>``: a stored key (one etcd key per API key; no intermediate keys);
 * ``P/groups/<group>/<member_id>``: a member, bound to its session's lease;
-* ``P/elections/<service>/<candidate_id>``: a candidate, bound to its session's lease.
+* ``P/elections/<service>/<candidate_id>``: a candidate, bound to its session's lease;
+* ``P/migration/seal``: exists while the store is sealed by a migration (``seal``);
+* ``P/migration/sessions/<lease id>``: one per live session, bound to its lease (``seal``).
 
 Group and service names may contain ``/``; in the two last forms they are
 written with ``%`` as ``%25`` and ``/`` as ``%2F``, so the prefix range of one
@@ -23,6 +25,7 @@ from consensus_api.keys import parent_of
 KV = "kv"
 GROUPS = "groups"
 ELECTIONS = "elections"
+MIGRATION = "migration"
 
 _ESCAPED = re.compile("%(25|2F)")
 
@@ -84,6 +87,16 @@ class Layout:
     def candidate(self, service: str, candidate_id: str) -> bytes:
         """The etcd key of one candidate."""
         return self.election(service) + candidate_id.encode()
+
+    @property
+    def seal(self) -> bytes:
+        """The key that exists while the store is sealed."""
+        return f"{self.root}/{MIGRATION}/seal".encode()
+
+    @property
+    def sessions(self) -> bytes:
+        """The prefix of the live sessions' keys."""
+        return f"{self.root}/{MIGRATION}/sessions/".encode()
 
     def targets(self, etcd_key: bytes) -> tuple[Target, ...]:
         """Every watchable target whose state depends on ``etcd_key``."""

@@ -2,8 +2,10 @@
 
 One lease per session (TTL = ``session_timeout``, rounded up to whole seconds;
 etcd may grant more). Every member and candidate key is bound to it, so they
-all vanish together when it ends. The keeper thread sends one keep-alive every
-TTL/3, and states follow from the answers:
+all vanish together when it ends. A lease is announced (``announce``: the
+session's key under ``migration/sessions``) before it is used; one that
+cannot be is revoked, as if the grant had failed. The keeper thread sends one
+keep-alive every TTL/3, and states follow from the answers:
 
 * a keep-alive fails, but the last successful one was *sent* less than a TTL
   ago: SUSPENDED (the lease is certainly still alive on the server);
@@ -28,6 +30,7 @@ are), so a revoked lease is noticed in milliseconds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -55,8 +58,10 @@ class LeaseKeeper:
         session_timeout: float,
         request_timeout: float,
         report: Callable[[SessionState], None],
+        announce: Callable[[int, float], None],
     ) -> None:
         self._client = client
+        self._announce = announce
         self._requested_ttl = max(1, math.ceil(session_timeout))
         self._attempt_timeout = min(request_timeout, max(self._requested_ttl / 3, 1.0))
         self._report = report
@@ -177,6 +182,12 @@ class LeaseKeeper:
     def _grant(self, deadline: float) -> None:
         sent = time.monotonic()
         lease, ttl = self._client.grant(self._requested_ttl, deadline)
+        try:
+            self._announce(lease, deadline)
+        except ConsensusError:
+            with contextlib.suppress(ConsensusError):  # else it expires after its TTL
+                self._client.revoke(lease, deadline)
+            raise
         with self._lock:
             if not self._stopped:
                 self._lease, self._ttl, self._alive_since = lease, ttl, sent

@@ -11,6 +11,17 @@ candidate leads). As two compares of one transaction:
 Keys are never created with a past revision, so once the leader's key is gone
 the fence can never hold again, and a key with a lower revision that still
 exists makes the fence fail.
+
+The seal: every storage write's transaction also compares
+
+* ``create_revision(P/migration/seal) == 0`` (the seal key does not exist),
+
+and its failure branch reads that key. etcd applies transactions one at a
+time, each at its own revision; ``seal`` creates the key at revision S. A
+write applied before S was applied before the seal; one evaluated after S
+finds the key, fails that compare and applies nothing, and its failure branch
+shows the key: ``SealedError``. ``unseal`` deletes the key, and the compare
+holds again. It costs one compare in a transaction the write sends anyway.
 """
 
 from __future__ import annotations
@@ -76,6 +87,21 @@ def oldest(prefix: bytes) -> Any:
 def txn(compare: list[Any], success: list[Any], failure: list[Any]) -> Any:
     """A TxnRequest."""
     return etcdrpc.TxnRequest(compare=compare, success=success, failure=failure)
+
+
+def unsealed(layout: Layout) -> Any:
+    """The compare that holds while the store is not sealed."""
+    return created_is(layout.seal, 0)
+
+
+def seal_read(layout: Layout) -> Any:
+    """A failure-branch read of the seal key (see ``sealed_in``)."""
+    return etcdrpc.RequestOp(request_range=etcdrpc.RangeRequest(key=layout.seal, keys_only=True))
+
+
+def sealed_in(response: Any) -> bool:
+    """Whether ``seal_read``'s response found the store sealed."""
+    return bool(response.response_range.kvs)
 
 
 def fence_compares(layout: Layout, fence: Leadership) -> list[Any]:

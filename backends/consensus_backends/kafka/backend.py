@@ -11,12 +11,15 @@ Guarantees (see the modules for how):
   (:mod:`consensus_backends.kafka.groups`); a dead session's members leave within
   ``session_timeout`` plus one heartbeat interval; ``close`` and ``leave``
   send LeaveGroup, so observers see them gone at once.
+* The seal is a command in the log, decided in log order like every write
+  (:mod:`consensus_backends.kafka.storage`); terms never exceed the log's end offset.
 * Every call returns or raises within ``request_timeout`` (a little more for
   the first contact); only ``ConsensusError`` escapes.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
@@ -60,6 +63,8 @@ class KafkaBackend(Backend):
         self._worker: Worker | None = None
         self._state = StateMachine()
         self._kafka: kafka_settings.Settings | None = None
+        self._ceiling = 0
+        self._ceiling_lock = threading.Lock()
 
     @property
     def name(self) -> str:
@@ -198,6 +203,49 @@ class KafkaBackend(Backend):
             group, mode, view.state.lower(), None, protocol, view.protocol_type or None, members
         )
 
+    # Migration
+
+    def term_ceiling(self) -> int:
+        """The command log's end offset (its high watermark), never lower than an earlier answer.
+
+        A term (so a lock token) is the offset of the ``lead`` command that won it plus one, and it is
+        issued only once a reader applied that command; readers fetch only below the high
+        watermark, so every term issued so far is at most the end offset. One ListOffsets request.
+        """
+        end = self._parts()[2].end_offset(self._deadline())
+        with self._ceiling_lock:
+            self._ceiling = max(self._ceiling, end)
+            return self._ceiling
+
+    def seal(self) -> None:
+        """A ``seal`` command in the log; see :mod:`consensus_backends.kafka.storage` for why every write
+        ordered after it, by any session, is refused."""
+        self._parts()[0].seal(True)
+
+    def unseal(self) -> None:
+        """An ``unseal`` command in the log: writes ordered after it are decided as before the seal."""
+        self._parts()[0].seal(False)
+
+    def sealed(self) -> bool:
+        """See ``Storage.sealed``."""
+        return self._parts()[0].sealed()
+
+    def session_identity(self) -> str:
+        """The session id its commands carry in the log (``sid``); the backend keeps it for its life."""
+        return self._parts()[2].session_id
+
+    def live_sessions(self) -> frozenset[str] | None:
+        """None: Kafka cannot list the live sessions of a store.
+
+        A session that holds no member or candidate leaves nothing on the brokers but its
+        connections: its producer and its reader are plain clients, and no Kafka API lists the
+        clients connected to a topic. Producer state (DescribeProducers) outlives its producer by
+        ``producer.id.expiration.ms`` (a day by default) and is absent until a first write, and
+        group members exist only while a session holds members or candidates. Making every
+        session a group member would cost each one a JoinGroup at open and heartbeats for its life.
+        """
+        return None
+
     # Watches
 
     def watch(self, target: Target) -> None:
@@ -235,10 +283,10 @@ class KafkaBackend(Backend):
 
     # Helpers
 
-    def _parts(self) -> tuple[Storage, Groups]:
-        if self._storage is None or self._groups is None:
+    def _parts(self) -> tuple[Storage, Groups, CommandLog]:
+        if self._storage is None or self._groups is None or self._log is None:
             raise SessionLostError("the Kafka backend is not open")
-        return self._storage, self._groups
+        return self._storage, self._groups, self._log
 
     def _deadline(self) -> float:
         return time.monotonic() + self.settings.request_timeout

@@ -9,7 +9,8 @@
   group described (the membership group once for all its watched groups) every
   ``WATCH_INTERVAL`` while they hold at most ``MEMBERS_PER_WATCH`` members in
   all, proportionally less often above that (at most ``MAX_WATCH_INTERVAL``
-  apart), so that big groups do not multiply the cost of watching, and a target
+  apart), so that big groups do not multiply the cost of watching; at rest (the
+  driver saw nothing happen for a while) every ``IDLE_WATCH_INTERVAL`` at least. A target
   is reported when what a read of it would answer may have changed
   (``Observed.fingerprint``). A read may still see a state that falls between
   two descriptions (a member in the instant before its departure is applied);
@@ -22,6 +23,7 @@ a group must describe it anew).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -33,6 +35,8 @@ WATCH_INTERVAL = 0.1
 MEMBERS_PER_WATCH = 100
 #: The longest interval between two descriptions of the watched groups.
 MAX_WATCH_INTERVAL = 1.0
+#: The shortest interval between two descriptions while the session is at rest (``step``).
+IDLE_WATCH_INTERVAL = 0.25
 
 #: ``start(function, *args)``: ``function`` started on the channel's IO thread (a future).
 Start = Callable[..., Any]
@@ -66,6 +70,7 @@ class Changes:
         self._describe: Any = None
         self._described_at = 0.0
         self._watch_interval = WATCH_INTERVAL
+        self._at_rest = False
 
     def attach(self, channel: Channel, observed: Observed) -> None:
         """The backend is open: groups are described on ``channel``, and ``observed`` hears of every
@@ -98,26 +103,45 @@ class Changes:
         for target in touched:
             self._report(target)
 
-    def step(self, now: float, start: Start) -> None:
+    def step(self, now: float, start: Start, *, at_rest: bool) -> bool:
         """From the driver's tick: compare the last description of the watched groups, if it came,
-        and have them described again when due (``start``: on the channel's IO thread)."""
+        and have them described again when due (``start``: on the channel's IO thread; ``at_rest``:
+        nothing happened lately, so at most every ``IDLE_WATCH_INTERVAL``). True if a change was
+        reported."""
         with self._lock:
             watched = dict(self._described)
+        self._at_rest = at_rest
+        changed = False
         done = self._describe
         if done is not None and done.is_done:
             self._describe = None
             if done.exception is None:
-                self._compare(watched, done.value)
+                changed = self._compare(watched, done.value)
                 described = sum(len(view.members) for view in done.value.values())
                 self._watch_interval = min(
                     MAX_WATCH_INTERVAL, max(WATCH_INTERVAL, WATCH_INTERVAL * described / MEMBERS_PER_WATCH)
                 )
-        if self._describe is None and watched and now - self._described_at >= self._watch_interval:
+        if self._describe is None and watched and now - self._described_at >= self._interval():
             assert self._channel is not None  # a target is described only once attached
             self._described_at = now
             self._describe = start(self._channel.describe_async, sorted(set(watched.values())))
+        return changed
 
-    def _compare(self, watched: dict[Target, str], views: dict[str, GroupView]) -> None:
+    def _interval(self) -> float:
+        return max(self._watch_interval, IDLE_WATCH_INTERVAL) if self._at_rest else self._watch_interval
+
+    def due(self) -> float:
+        """When (monotonic) ``step`` next has the watched groups described; ``inf`` while none is
+        watched or a description is under way (its end wakes the driver)."""
+        with self._lock:
+            watched = bool(self._described)
+        if not watched or self._describe is not None:
+            return math.inf
+        return self._described_at + self._interval()
+
+    def _compare(self, watched: dict[Target, str], views: dict[str, GroupView]) -> bool:
+        """Report the watched targets whose fingerprint changed; True if any did."""
+        reported = False
         observed = self._observed
         assert observed is not None  # a target is described only once attached
         for target, group_id in watched.items():
@@ -130,7 +154,9 @@ class Changes:
                 if changed:
                     self._fingerprints[target] = fingerprint
             if changed:
+                reported = True
                 self._report(target)
+        return reported
 
     def _report(self, target: Target) -> None:
         if self._observed is not None:

@@ -66,6 +66,7 @@ class Channel:
         self._epoch = -1
         self._checked = 0  # how many leader checks were sent (round robin over the other brokers)
         self._lock = threading.Lock()
+        self._leader_followers: list[Callable[[], None]] = []
 
     def open(self, deadline: float) -> None:
         """Probe a bootstrap broker (TLS and login), start the IO thread and bootstrap; raises a kafka
@@ -195,15 +196,35 @@ class Channel:
         if error not in (kerrors.NoError, kerrors.TopicAlreadyExistsError):
             raise error(f"creating topic {self._settings.layout.topic}")
 
+    def follow_leader(self, follower: Callable[[], None]) -> None:
+        """Call ``follower`` (on the IO thread; it must not block) after every probe that succeeded
+        and whenever the log's leader changed (``leader_hint``), so that clients of their own keep
+        up with the leader without asking: a long-polling reader learns of a new leader within a
+        probe interval."""
+        self._leader_followers.append(follower)
+
+    def _tell_followers(self) -> None:
+        for follower in self._leader_followers:
+            try:
+                follower()
+            except Exception:
+                log.warning("following the Kafka command log's leader failed", exc_info=True)
+
     async def probe(self) -> int:
         """A cheap round trip to the log's leader (its end offset), for liveness."""
-        return await self._end_offset()
+        end = await self._end_offset()
+        self._tell_followers()
+        return end
 
     def leader_hint(self) -> tuple[int, int] | None:
         """The log's leader and its leader epoch as last learned (by the probe or
         ``leader_deposed``), or None while unknown."""
         leader, epoch = self._leader, self._epoch
         return None if leader is None or epoch < 0 else (leader, epoch)
+
+    def has_peers(self) -> bool:
+        """Whether the cluster has a broker besides the log's leader, which ``leader_deposed`` asks."""
+        return any(broker.node_id != self._leader for broker in self._manager.cluster.brokers())
 
     async def leader_deposed(self) -> bool:
         """Whether another broker (the next one in turn) names a newer leader of the log, by leader
@@ -228,6 +249,7 @@ class Channel:
         if newer_leader < 0 or newer_epoch <= epoch or self._leader != leader:
             return False
         self._leader, self._epoch = newer_leader, newer_epoch
+        self._tell_followers()
         return True
 
     async def _end_offset(self) -> int:

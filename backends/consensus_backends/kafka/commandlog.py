@@ -35,7 +35,14 @@ from consensus_backends.kafka.state import Outcome, StateMachine
 
 log = logging.getLogger("consensus_api.kafka")
 
-POLL_MS = 200
+#: The longest one ``KafkaConsumer.poll`` of the reader waits. A poll returns as soon as a fetch brings
+#: records (the broker answers a fetch at once when the log grows, else after ``fetch_max_wait_ms``), so
+#: this bounds nothing a reader waits for: the leader hint reaches the consumer from the channel's probe
+#: (``Channel.follow_leader``) and ``close`` ends a poll by closing the consumer. Each poll arms
+#: kafka-python's timers on its IO thread: short polls cost CPU at rest.
+POLL_MS = 5000
+#: The reader's pause after a poll failed.
+RETRY_S = 0.2
 
 
 def _close_quietly(producer: Any) -> None:
@@ -132,24 +139,26 @@ class CommandLog:
             raise
         self._consumer.assign([self._partition])
         self._consumer.seek(self._partition, 0)
+        self._channel.follow_leader(self._follow_leader)
         self._thread = threading.Thread(target=self._tail, name="consensus-kafka-reader", daemon=True)
         self._thread.start()
 
     def close(self, timeout: float) -> None:
-        """Stop the reader and close both clients, within about ``timeout`` seconds."""
+        """Stop the reader and close both clients, within about ``timeout`` seconds. Closing the
+        consumer first ends the reader's poll (its wait fails), so the reader stops at once."""
         self._stopping.set()
+        if self._consumer is not None:
+            try:
+                self._consumer.close(timeout_ms=int(timeout * 1000))
+            except Exception:
+                log.debug("closing the command log's reader failed", exc_info=True)
         if self._thread is not None:
             self._thread.join(timeout)
-        for closing in (self._consumer, self._producer):
-            if closing is None:
-                continue
+        if self._producer is not None:
             try:
-                if closing is self._producer:
-                    closing.close(timeout=timeout)
-                else:
-                    closing.close(timeout_ms=int(timeout * 1000))
+                self._producer.close(timeout=timeout)
             except Exception:
-                log.debug("closing a Kafka client failed", exc_info=True)
+                log.debug("closing the command log's producer failed", exc_info=True)
 
     def command(self, command: Command, deadline: float) -> Outcome:
         """Append ``command`` and wait for its outcome, decided in log order.
@@ -218,12 +227,21 @@ class CommandLog:
         ).start()
         return fresh
 
-    def sync(self, deadline: float) -> None:
-        """Wait until every write acknowledged before this call is applied."""
+    @property
+    def session_id(self) -> str:
+        """What names this session's commands in the log (their ``sid``)."""
+        return self._session_id
+
+    def end_offset(self, deadline: float) -> int:
+        """The log's end offset (its high watermark): every command any reader applied lies below it."""
         try:
-            end = self._channel.end_offset(deadline)
+            return self._channel.end_offset(deadline)
         except kerrors.KafkaError as exc:
             raise translate(exc, "reading the end of the command log") from None
+
+    def sync(self, deadline: float) -> None:
+        """Wait until every write acknowledged before this call is applied."""
+        end = self.end_offset(deadline)
         with self._applied:
             if not self._applied.wait_for(
                 lambda: self._next_offset >= end, max(0.0, deadline - time.monotonic())
@@ -249,8 +267,10 @@ class CommandLog:
             try:
                 batches = self._consumer.poll(timeout_ms=POLL_MS)
             except Exception:
+                if self._stopping.is_set():
+                    return  # ``close`` closed the consumer under the poll
                 log.warning("reading the command log failed; retrying", exc_info=True)
-                self._stopping.wait(POLL_MS / 1000)
+                self._stopping.wait(RETRY_S)
                 continue
             records = batches.get(self._partition, [])
             for record in records:

@@ -4,7 +4,8 @@ A Kafka session is its members: members and candidates are Kafka group members
 (``groups``), each kept alive by its heartbeats, and the session lives while
 they do and the cluster answers.
 
-Every ``TICK`` seconds (or at once when woken) the driver
+Whenever a timed step below is due (every ``TICK`` seconds while a member has work under way;
+at once when woken, as by a finished request that asks for action, ``Driver._pause``) the driver
 
 * calls :meth:`Member.drive` (the mandatory kafka-python driver loop:
   (re)join when due, poll the heartbeat) on the members with work under way
@@ -19,7 +20,8 @@ Every ``TICK`` seconds (or at once when woken) the driver
 * has the watched groups described (``changes.Changes.step``);
 * lists which groups of its own members are preparing a rebalance (one
   ListGroups per coordinator every ``LIST_INTERVAL``, whose cost does not
-  grow with the groups) and makes those members rejoin at once, rather than
+  grow with the groups; every ``IDLE_LIST_INTERVAL`` once nothing happened in
+  them for ``ACTIVE_WINDOW``) and makes those members rejoin at once, rather than
   at their next heartbeat;
 * derives the session state. SUSPENDED: the last probe failed or is overdue.
   LOST: a member was dropped by the broker, a joined member's last heartbeat
@@ -54,6 +56,13 @@ log = logging.getLogger("consensus_api.kafka")
 TICK = 0.05
 #: How often the groups of the session's own members are checked for a rebalance (ListGroups).
 LIST_INTERVAL = 0.05
+#: ... and how often at rest: no rebalance seen, no change of a watched group reported and no member
+#: of the session at work for ``ACTIVE_WINDOW`` seconds (a join into a group at rest waits this much
+#: longer at most; the watched groups are described less often too, ``changes.IDLE_WATCH_INTERVAL``).
+IDLE_LIST_INTERVAL = 0.25
+ACTIVE_WINDOW = 10.0
+#: The shortest sleep of the driver between two ticks, so that it never spins.
+MIN_PAUSE = 0.001
 #: Every member is driven at least this often (kafka-python wants a poll well within
 #: ``max_poll_interval``, at least 30 s here); a tenth of the session timeout if that is shorter.
 SWEEP = 1.0
@@ -117,6 +126,7 @@ class Driver:
         self._probe: Any = None
         self._check: Any = None  # a Channel.leader_deposed in flight
         self._probe_started = 0.0
+        self._probe_ended = 0.0  # when the last probe's answer came (set on the channel's IO thread)
         self._last_ok = time.monotonic()
         self._failing = False
         self._listing: Any = None  # a Channel.rebalancing_async in flight
@@ -126,6 +136,7 @@ class Driver:
         self._busy: set[Member] = set()  # driven every tick: work under way, or woken
         self._woken: set[Member] = set()
         self._kicked = False
+        self._active_at = time.monotonic()  # a rebalance seen or a member at work (``ACTIVE_WINDOW``)
         self._thread = threading.Thread(target=self._run, name="consensus-kafka-driver", daemon=True)
 
     def start(self) -> None:
@@ -149,21 +160,24 @@ class Driver:
             self._wakeup.notify()
 
     def _run(self) -> None:
+        pause = TICK
         while True:
             with self._wakeup:
                 if self._stopping:
                     return
                 if not self._kicked:  # a wake during the last tick (e.g. from it) is not lost
-                    self._wakeup.wait(TICK)
+                    self._wakeup.wait(pause)
                 self._kicked = False
                 if self._stopping:
                     return
             try:
-                self._tick(time.monotonic())
+                pause = self._tick(time.monotonic())
             except Exception:
                 log.exception("the Kafka backend's driver tick failed")
+                pause = TICK
 
-    def _tick(self, now: float) -> None:
+    def _tick(self, now: float) -> float:
+        """Drive, probe, watch and judge the state; seconds until the next timed step is due."""
         members = self._host.members()
         with self._wakeup:
             woken, self._woken = self._woken, set()
@@ -173,22 +187,54 @@ class Driver:
         else:
             driven = list(self._busy | woken)
         self._busy = {member for member in driven if member.drive()}
+        if self._busy or woken:
+            self._active_at = now
         self._probe_step(now)
         self._watch_step(now, members)
         self._state_step(now, driven)
+        return self._pause(now, members)
 
-    def _start(self, function: Callable[..., Any], *args: Any) -> Any:
-        """``function`` started on the channel's IO thread; the driver ticks as soon as it is done."""
+    def _pause(self, now: float, members: list[Member]) -> float:
+        """Seconds from ``now`` until a timed step is due: ``TICK`` while a member is at work, else
+        the next sweep, probe (or its timeout), listing or description. A finished request that
+        asks for action wakes the driver sooner (``_start``): a description, a failed probe or any
+        probe while the session is not CONNECTED, a listing that found a rebalance, a check that
+        found a new leader. One that does not is read at the next step due (the probe's answer
+        keeps the time it came, ``_probe_ended``), so a session at rest wakes once per step."""
+        if self._busy:
+            return TICK
+        probe_due = self._probe_started + self._probe_interval
+        if self._probe is not None and now >= probe_due:
+            probe_due = self._probe_started + self._probe_timeout
+        due = [self._swept_at + self._sweep, self._changes.due(), probe_due]
+        if members:
+            due.append(self._listing_sent + self._list_interval(now))
+        return max(MIN_PAUSE, min((at for at in due if at > now), default=now + TICK) - now)
+
+    def _list_interval(self, now: float) -> float:
+        return LIST_INTERVAL if now - self._active_at < ACTIVE_WINDOW else IDLE_LIST_INTERVAL
+
+    def _start(
+        self, function: Callable[..., Any], *args: Any, wake_if: Callable[[Any], bool] | None = None
+    ) -> Any:
+        """``function`` started on the channel's IO thread; the driver ticks as soon as it is done, or,
+        with ``wake_if``, only if ``wake_if(value or exception)`` (on the IO thread) says so."""
         future = self._channel.start(function, *args)
-        future.add_both(lambda _: self.wake())
+        future.add_both(lambda outcome: self.wake() if wake_if is None or wake_if(outcome) else None)
         return future
+
+    def _probe_answered(self, outcome: Any) -> bool:
+        """A probe's end: wake the driver if it failed or the session is not CONNECTED."""
+        self._probe_ended = time.monotonic()
+        failed = isinstance(outcome, BaseException)
+        return failed or self._failing or self._state is not SessionState.CONNECTED
 
     def _probe_step(self, now: float) -> None:
         probe = self._probe
         if probe is not None and probe.is_done:
             self._probe = None
             if probe.exception is None:
-                self._last_ok, self._failing = now, False
+                self._last_ok, self._failing = max(self._probe_ended, self._probe_started), False
             else:
                 self._failing = True
         elif probe is not None and now - self._probe_started > self._probe_timeout:
@@ -201,23 +247,25 @@ class Driver:
                 self._failing = True  # SUSPENDED until the newer leader answers a probe
         if self._probe is None and now - self._probe_started >= self._probe_interval:
             self._probe_started = now
-            self._probe = self._start(self._channel.probe)
-            if self._check is None:
-                self._check = self._start(self._channel.leader_deposed)
+            self._probe = self._start(self._channel.probe, wake_if=self._probe_answered)
+            if self._check is None and self._channel.has_peers():
+                self._check = self._start(self._channel.leader_deposed, wake_if=_found_newer_leader)
 
     def _watch_step(self, now: float, members: list[Member]) -> None:
-        self._changes.step(now, self._start)
+        if self._changes.step(now, self._start, at_rest=now - self._active_at >= ACTIVE_WINDOW):
+            self._active_at = now
         listing = self._listing
         if listing is not None and listing.is_done:
             self._listing = None
             if listing.exception is None:
                 for member in members:
                     if member.group_id in listing.value:
+                        self._active_at = now
                         member.rebalance_seen(self._listing_sent)
         groups = {member.group_id for member in members}
-        if self._listing is None and groups and now - self._listing_sent >= LIST_INTERVAL:
+        if self._listing is None and groups and now - self._listing_sent >= self._list_interval(now):
             self._listing_sent = now
-            self._listing = self._start(self._channel.rebalancing_async, sorted(groups))
+            self._listing = self._start(self._channel.rebalancing_async, sorted(groups), wake_if=bool)
 
     def _state_step(self, now: float, members: list[Member]) -> None:
         session = self._settings.session_timeout
@@ -242,3 +290,9 @@ class Driver:
         if state is not self._state:
             self._state = state
             self._events.state_changed(state)
+
+
+def _found_newer_leader(outcome: Any) -> bool:
+    """Whether a leader check's end asks the driver to act: it found a newer leader (its errors are
+    ignored)."""
+    return outcome is True

@@ -6,8 +6,8 @@ precondition. Records have no key (the topic is never compacted). Headers:
 
 =========  ====================================================================
 ``ca``     format marker, ``1``
-``op``     ``put`` | ``update`` | ``delete`` | ``lead`` | ``unlead`` | ``depart``
-``k``      the key (storage commands) or the service (``lead`` / ``unlead``); empty for ``depart``
+``op``     ``put`` | ``update`` | ``delete`` | ``lead`` | ``unlead`` | ``depart`` | ``seal`` | ``unseal``
+``k``      the key (storage commands) or the service (``lead`` / ``unlead``); empty for the others
 ``ver``    expected version (``update`` / ``delete`` with ``version=``)
 ``fs``     fence: service; ``fl`` its leader id; ``ft`` its term
 ``cand``   ``lead`` / ``unlead``: the candidate id
@@ -19,7 +19,10 @@ precondition. Records have no key (the topic is never compacted). Headers:
 A ``depart`` record's value is JSON ``[[Kafka group id, Kafka member id], ...]``:
 members that left for good (:mod:`consensus_backends.kafka.departures`).
 Integers are decimal ASCII. A record without the marker, or one this version
-cannot parse, is skipped by every reader alike.
+cannot parse, is skipped by every reader alike. ``seal`` and ``unseal`` change
+how every later write is decided (``state``), so every session of a store that
+is sealed must run a version that reads them: an older one would skip them and
+take a refused write for applied.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ class Op(enum.Enum):
     LEAD = "lead"
     UNLEAD = "unlead"
     DEPART = "depart"
+    SEAL = "seal"
+    UNSEAL = "unseal"
 
 
 @dataclass(frozen=True, slots=True)

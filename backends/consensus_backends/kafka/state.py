@@ -12,6 +12,11 @@ fenced write succeeds only if its ``(leader, term)`` is the lease in force at
 that point of the log: fencing is decided in log order, atomically with the
 write.
 
+The seal (``SEAL``, undone by ``UNSEAL``) is a command in the same log: a
+storage write applied after it is refused (``SEALED``) by every session alike,
+checked in log order, so atomically with the write; members, candidates and
+leases are not affected, and a log without one was never sealed.
+
 Departures (``DEPART``) record Kafka group members that left for good; a
 member id once departed stays departed (:mod:`consensus_backends.kafka.groups`).
 Applying one names the Kafka groups it touched, so that every group and
@@ -54,6 +59,7 @@ class Result(enum.Enum):
     CONFLICT = "conflict"
     FENCED = "fenced"
     REJECTED = "rejected"
+    SEALED = "sealed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,7 @@ class StateMachine:
         self._children: defaultdict[str, set[str]] = defaultdict(set)
         self._leases: dict[str, Lease] = {}
         self._departed: defaultdict[str, set[str]] = defaultdict(set)
+        self._sealed = False
 
     def get(self, key: str) -> Versioned | None:
         """The key's value and version, or None."""
@@ -110,6 +117,11 @@ class StateMachine:
         with self._lock:
             return frozenset(self._departed.get(group_id, ()))
 
+    def sealed(self) -> bool:
+        """Whether the last ``SEAL`` or ``UNSEAL`` applied was a ``SEAL``."""
+        with self._lock:
+            return self._sealed
+
     def apply(self, offset: int, command: Command) -> Applied:
         """Apply the command at ``offset``."""
         with self._lock:
@@ -122,6 +134,11 @@ class StateMachine:
                 return self._lead(offset, command)
             if command.op is Op.UNLEAD:
                 return self._unlead(command)
+            if command.op in (Op.SEAL, Op.UNSEAL):
+                self._sealed = command.op is Op.SEAL
+                return Applied(Outcome(Result.OK), [])
+            if self._sealed:
+                return Applied(Outcome(Result.SEALED), [])
             if command.fence is not None and not self._fence_holds(command.fence):
                 return Applied(Outcome(Result.FENCED), [])
             current = self._values.get(command.name)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,26 +29,25 @@ from typing import Any, TypeVar
 import sqlalchemy
 from sqlalchemy import Connection, Engine
 
-from consensus_api.backend import Backend, Reader, Target, Writer
+from consensus_api.backend import AsyncStorage, Backend, Reader, Target, Writer
 from consensus_api.config import BackendURL, boolean, seconds
 from consensus_api.errors import (
     BackendUnavailableError,
     OperationTimeoutError,
-    PermissionDeniedError,
-    SessionLostError,
 )
 from consensus_api.model import Leadership, Versioned
 from consensus_backends.sql import election, membership, storage
 from consensus_backends.sql.changes import ChangeFeed
 from consensus_backends.sql.client import MIN_CONNECT_LEFT, begin_sqlite, calls_until, create
-from consensus_backends.sql.errors import connect_refusal, denied, describe_error, is_retryable
 from consensus_backends.sql.filecheck import unusable_file
-from consensus_backends.sql.layout import Tables
+from consensus_backends.sql.layout import Tables, table_prefix
 from consensus_backends.sql.lease import Lease, drop_sessions, reap_expired
 from consensus_backends.sql.nowait import NowaitStore
+from consensus_backends.sql.outcome import Progress, connect_failure, no_connection, transaction_failure
 from consensus_backends.sql.rereads import ChangeReader
+from consensus_backends.sql.seal import read_live_sessions, read_sealed, read_term_ceiling, set_sealed
 from consensus_backends.sql.watchdog import Watchdog
-from consensus_backends.sql.writelock import begin_eagerly, is_busy
+from consensus_backends.sql.writelock import begin_eagerly
 
 log = logging.getLogger("consensus_api.sql")
 
@@ -62,16 +60,6 @@ HEARTBEAT_CONNECT_LEFT = 0.05
 
 #: Keys per page of ``walk``.
 WALK_PAGE = 500
-
-#: Table prefixes: they are spliced into SQL (table, trigger and LISTEN channel names) unquoted.
-_TABLE_PREFIX_RE = re.compile(r"[A-Za-z0-9_]{1,40}")
-
-
-def table_prefix(value: Any) -> str:
-    """Parse a table prefix: 1-40 characters of A-Z a-z 0-9 _."""
-    if not isinstance(value, str) or not _TABLE_PREFIX_RE.fullmatch(value):
-        raise ValueError(f"expected 1-40 characters of A-Z a-z 0-9 _, got {value!r}")
-    return value
 
 
 class SQLBackend(Backend):
@@ -105,11 +93,9 @@ class SQLBackend(Backend):
         self._nowait = (
             None if self._guarded else NowaitStore(self._tables, self._lease.renew_in, self._lease.renewed)
         )
-        self._rereads = (
-            ChangeReader(self._engine, self._tables, self._watchdog, self.settings.request_timeout)
-            if self._autocommit_reads
-            else None
-        )
+        timeout = self.settings.request_timeout
+        rereads = self._autocommit_reads
+        self._rereads = ChangeReader(self._engine, self._tables, self._watchdog, timeout) if rereads else None
         self._lock = threading.Lock()
         self._watched: set[Target] = set()
         self._closed = False
@@ -183,6 +169,14 @@ class SQLBackend(Backend):
         """SQLite: reads on a held WAL connection that never wait (``nowait``); elsewhere None."""
         return self._nowait
 
+    def async_storage(self) -> AsyncStorage | None:
+        """PostgreSQL: psycopg's asyncio API (``sql.aio``); None for SQLite (``nowait_*``) and MariaDB."""
+        if self._engine.dialect.name != "postgresql":
+            return None
+        from consensus_backends.sql.aio import PostgreSQLStorage  # noqa: PLC0415 - psycopg, PostgreSQL only
+
+        return PostgreSQLStorage(self, self._engine, self._tables)
+
     def nowait_writer(self) -> Writer | None:
         """SQLite: writes on the same connection that begin only if the write lock is free at once
         (``nowait``); elsewhere None."""
@@ -251,6 +245,26 @@ class SQLBackend(Backend):
     def unwatch(self, target: Target) -> None:
         with self._lock:
             self._watched.discard(target)
+
+    # Migration (``seal``: the seal row; the highest term of the leaders table; the lease rows)
+
+    def term_ceiling(self) -> int:
+        return self._run(lambda c: read_term_ceiling(c, self._tables), write=False)
+
+    def seal(self) -> None:
+        self._run(lambda c: set_sealed(c, self._tables, True))
+
+    def unseal(self) -> None:
+        self._run(lambda c: set_sealed(c, self._tables, False))
+
+    def sealed(self) -> bool:
+        return self._run(lambda c: read_sealed(c, self._tables), write=False)
+
+    def session_identity(self) -> str:
+        return self._lease.session_id
+
+    def live_sessions(self) -> frozenset[str]:
+        return self._run(lambda c: read_live_sessions(c, self._tables), write=False)
 
     def server_version(self) -> str | None:
         """The server's version (PostgreSQL, MySQL/MariaDB), or the SQLite library's (read at connect)."""
@@ -326,75 +340,61 @@ class SQLBackend(Backend):
         while True:
             try:
                 with calls_until(deadline, MIN_CONNECT_LEFT if retry else HEARTBEAT_CONNECT_LEFT):
-                    conn = self._connect(write)
+                    conn = self._engine.connect()
+                    if not write and self._autocommit_reads:  # the pool resets it on return
+                        conn.execution_options(isolation_level="AUTOCOMMIT")
             except sqlalchemy.exc.DBAPIError as exc:
-                refused = connect_refusal(exc, self.url.redacted())
-                if refused is not None:
-                    raise refused from None
-                if retry and time.monotonic() + RETRY_PAUSE < deadline:
+                again, error = connect_failure(exc, self.url.redacted(), self._engine)
+                if again and retry and time.monotonic() + RETRY_PAUSE < deadline:
                     time.sleep(RETRY_PAUSE)
                     continue
-                raise BackendUnavailableError(
-                    f"cannot reach {self.url.redacted()}: {describe_error(exc, self._engine)}"
-                ) from None
+                raise error from None
             except sqlalchemy.exc.TimeoutError:
-                raise OperationTimeoutError(
-                    f"no free {self.name} connection in the pool within request_timeout; not applied",
-                    not_applied=True,
-                ) from None
+                raise no_connection(self.name) from None
             guard = self._watchdog.arm(conn.connection.dbapi_connection, deadline) if self._guarded else None
-            committing = cut = begun = False
+            progress, cut = Progress(), False
             try:
                 with conn:
                     try:
-                        with conn.begin():
-                            self._begin(conn, write, retry, deadline)
-                            begun = True
-                            renewing = self._lease.renew_in(conn) if write and retry else None
-                            if fence is not None:
-                                election.check_fence(conn, self._tables, fence)
-                            result = work(conn)
-                            committing = True
-                        if renewing is not None:
-                            self._lease.renewed(renewing)
-                        return result
+                        return self.transact(
+                            conn, work, progress, write=write, fence=fence, retry=retry, deadline=deadline
+                        )
                     finally:  # before the connection goes back to the pool, where another call may take it
                         cut = guard is not None and self._watchdog.disarm(guard)
-            except sqlalchemy.exc.IntegrityError:
-                raise SessionLostError(
-                    "this session's lease has expired; it is being re-established"
-                ) from None
             except sqlalchemy.exc.DBAPIError as exc:
-                if denied(exc):  # a refused statement: the transaction is rolled back
-                    raise PermissionDeniedError(
-                        f"{self.name} refused the call ({describe_error(exc, self._engine)}); not applied"
-                    ) from None
-                stale = retry and exc.connection_invalidated and not committing and not cut
-                locked_out = not begun and is_busy(exc)  # SQLite: it never got the write lock
-                if (stale or locked_out or is_retryable(exc)) and time.monotonic() + RETRY_PAUSE < deadline:
+                again, error = transaction_failure(
+                    exc, progress, self.name, self._engine, retry=retry, cut=cut
+                )
+                if again and time.monotonic() + RETRY_PAUSE < deadline:
                     time.sleep(RETRY_PAUSE)
                     continue
-                reason = "no answer within request_timeout" if cut else describe_error(exc, self._engine)
-                if not committing:  # no COMMIT was sent: the database rolls the transaction back
-                    raise OperationTimeoutError(
-                        f"{self.name} did not complete the call ({reason}) before its commit; "
-                        "it was not applied",
-                        not_applied=True,
-                    ) from None
-                raise OperationTimeoutError(
-                    f"{self.name} did not complete the call ({reason}); its effect is unknown"
-                ) from None
+                raise error from None
 
-    def _connect(self, write: bool) -> Connection:
-        """A pooled connection; for a PostgreSQL read, in autocommit (the pool resets it on return)."""
-        conn = self._engine.connect()
-        if not write and self._autocommit_reads:
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-        return conn
-
-    def _begin(self, conn: Connection, write: bool, retry: bool, deadline: float) -> None:
-        """SQLite's ``BEGIN``: eager for the heartbeat's write (``writelock``); no-op elsewhere."""
-        if write and not retry and not self._guarded:
-            begin_eagerly(conn, deadline, self.settings.request_timeout)
-        else:
-            begin_sqlite(conn, write)
+    def transact(
+        self,
+        conn: Connection,
+        work: Callable[[Connection], R],
+        progress: Progress,
+        *,
+        write: bool,
+        fence: Leadership | None,
+        retry: bool,
+        deadline: float,
+    ) -> R:
+        """One transaction on ``conn`` (of ``_run``, and of PostgreSQL's asyncio storage on its own
+        connections): begin, renew the lease in a SQLite write, check ``fence``, ``work``, commit;
+        ``progress`` tells a failure how far it got (``outcome``)."""
+        with conn.begin():
+            if write and not retry and not self._guarded:  # SQLite's heartbeat write: eager (writelock)
+                begin_eagerly(conn, deadline, self.settings.request_timeout)
+            else:
+                begin_sqlite(conn, write)
+            progress.begun = True
+            renewing = self._lease.renew_in(conn) if write and retry else None
+            if fence is not None:
+                election.check_fence(conn, self._tables, fence)
+            result = work(conn)
+            progress.committing = True
+        if renewing is not None:
+            self._lease.renewed(renewing)
+        return result

@@ -5,11 +5,12 @@ On PostgreSQL the same transaction sends ``pg_notify`` (delivered at commit)
 and a LISTEN connection forwards them; on SQLite and MySQL/MariaDB a poller
 reads rows past the last revision it saw. On SQLite the poller first asks
 a connection of its own for ``PRAGMA data_version``, which changes whenever
-another connection committed, and reads the log only then: a poll of an
-unchanged database costs microseconds, so SQLite polls every 10 ms by
-default, and sooner right after a change, when a reply to it may follow
-(``Pace``); it reads the log on that connection too, with one prepared
-statement. SQLite commits one writer at a time, so revisions commit in order.
+another connection committed, and reads the log only then, on that connection,
+with one prepared statement. On Linux it sleeps until a process writes the
+database's files (``filewatch.FileWatch``, inotify) or ``SAFETY_POLL`` passes;
+elsewhere it polls every ``poll_interval`` (10 ms by default). Either way it
+looks again soon after a change, when a reply to it may follow (``Pace``).
+SQLite commits one writer at a time, so revisions commit in order.
 InnoDB does not: a revision may commit after a later one, or never (its transaction rolled back), so a missing
 revision (a hole) holds the poller's position (``Holes``) while the rows
 after it are forwarded, until a share-lock read of it tells: a row (it
@@ -38,7 +39,9 @@ from consensus_backends.sql import statements
 from consensus_backends.sql.client import own_connection
 from consensus_backends.sql.dialect import MYSQL_DIALECTS
 from consensus_backends.sql.errors import describe_error
+from consensus_backends.sql.filewatch import FileWatch
 from consensus_backends.sql.layout import Tables
+from consensus_backends.sql.watchdog import cut
 
 log = logging.getLogger("consensus_api.sql")
 
@@ -52,6 +55,16 @@ START_WINDOW = 1000
 #: SQLite's pace after a change (``Pace``).
 AFTER_CHANGE_POLL = 0.001
 IDLE_GROWTH = 2
+#: SQLite with a file watch: polls at ``AFTER_CHANGE_POLL`` after a write to the database's files
+#: whose commit was not visible yet (a WAL commit writes its frames, then publishes them in the
+#: ``-shm`` map, which raises no file event), before the pace slows down again.
+CHASE_POLLS = 8
+#: SQLite with a file watch: the longest sleep without a file event (a missed or unraised event,
+#: such as another host's write on a network file system, is seen this late at most).
+SAFETY_POLL = 1.0
+#: PostgreSQL: the longest wait for a notification before the LISTEN loop looks at ``stop`` again
+#: (``stop`` cuts the connection, which ends the wait at once).
+LISTEN_WAIT = 5.0
 
 
 def channel(t: Tables) -> str:
@@ -90,6 +103,8 @@ class ChangeFeed:
         self._last = 0
         self._holes: Holes | None = None  # MySQL/MariaDB only
         self._rewound = threading.Event()
+        self._watch: FileWatch | None = None  # SQLite on Linux
+        self._listening: Any = None  # PostgreSQL: the LISTEN connection
         self._thread = threading.Thread(target=self._run, name="consensus-sql-changes", daemon=True)
 
     def start(self) -> None:
@@ -100,6 +115,9 @@ class ChangeFeed:
             if self._engine.dialect.name in MYSQL_DIALECTS:
                 committed = conn.execute(select(revision).where(revision > self._last - START_WINDOW))
                 self._holes = Holes(self._last, committed.scalars())
+        database = self._engine.url.database
+        if self._engine.dialect.name == "sqlite" and database and database != ":memory:":
+            self._watch = FileWatch.open(database)
         self._thread.start()
 
     def rewind(self) -> None:
@@ -110,7 +128,13 @@ class ChangeFeed:
     def stop(self, timeout: float) -> None:
         """End the thread; waits at most ``timeout``."""
         self._stop.set()
+        if self._watch is not None:
+            self._watch.interrupt()
+        if self._listening is not None:
+            cut(self._listening)  # ends its wait for a notification
         self._thread.join(timeout)
+        if self._watch is not None and not self._thread.is_alive():
+            self._watch.close()
 
     def _run(self) -> None:
         if self._engine.dialect.name == "postgresql":
@@ -125,9 +149,18 @@ class ChangeFeed:
         holes = self._holes
         last = self._last if holes is None else holes.last
         version = DataVersion(self._engine, self._tables) if self._engine.dialect.name == "sqlite" else None
-        pace = Pace(self._poll_interval)
+        watch = self._watch
+        pace = Pace(self._poll_interval if watch is None else max(self._poll_interval, SAFETY_POLL))
+        chase = 0  # polls left at the quick pace, awaiting a commit a file event announced
         try:
-            while not self._stop.wait(pace.interval):
+            while True:
+                if watch is None:
+                    written = False
+                    self._stop.wait(pace.interval)
+                else:
+                    written = watch.wait(pace.interval)  # True: a process wrote the database's files
+                if self._stop.is_set():
+                    return
                 if self._rewound.is_set():
                     self._rewound.clear()
                     last = 0
@@ -138,9 +171,11 @@ class ChangeFeed:
                     last = self._read_after(last, holes)
                     continue
                 before = last
-                if version.changed():
+                committed = version.changed()
+                if committed:
                     last = self._read_after(last, holes, version)
-                pace.step(changed=last != before)
+                chase = 0 if committed else CHASE_POLLS if written else max(0, chase - 1)
+                pace.step(changed=last != before or chase > 0)
         finally:
             if version is not None:
                 version.close()
@@ -182,12 +217,16 @@ class ChangeFeed:
         while not self._stop.is_set():
             try:
                 with own_connection(self._engine) as conn:
-                    conn.execute(f'LISTEN "{channel(self._tables)}"')
-                    self._resync()
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=0.25):
-                            _, kind, name = note.payload.split(statements.NOTIFY_SEPARATOR, 2)
-                            self._forward(kind, name)
+                    self._listening = conn
+                    try:
+                        conn.execute(f'LISTEN "{channel(self._tables)}"')
+                        self._resync()
+                        while not self._stop.is_set():
+                            for note in conn.notifies(timeout=LISTEN_WAIT):
+                                _, kind, name = note.payload.split(statements.NOTIFY_SEPARATOR, 2)
+                                self._forward(kind, name)
+                    finally:
+                        self._listening = None
             except (psycopg.Error, sqlalchemy.exc.DBAPIError) as exc:
                 log.debug("the LISTEN connection failed: %s", describe_error(exc, self._engine))
                 self._stop.wait(0.25)

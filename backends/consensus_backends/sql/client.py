@@ -193,6 +193,19 @@ def _tls_parameters(settings: Options) -> dict[str, str]:
     return parameters
 
 
+def postgresql_parameters(settings: Options) -> dict[str, Any]:
+    """The libpq parameters of every PostgreSQL connection beyond the URL's (also the asyncio
+    storage's, ``sql.aio``): connect timeout, server settings, application name, TLS."""
+    return {
+        "connect_timeout": max(LIBPQ_MIN_CONNECT, math.ceil(settings.connect_timeout)),
+        "options": _server_options(settings),
+        "application_name": APPLICATION_NAME,
+        # Without TLS, no silent TLS attempt followed by a second, plain login (libpq's "prefer").
+        "sslmode": "disable",
+        **_tls_parameters(settings),
+    }
+
+
 def _postgresql(url: BackendURL, settings: Options) -> Engine:
     _require_psycopg()
     if not url.endpoints:
@@ -210,14 +223,7 @@ def _postgresql(url: BackendURL, settings: Options) -> Engine:
             database=database,
             query=query,
         ),
-        connect_args={
-            "connect_timeout": max(LIBPQ_MIN_CONNECT, math.ceil(settings.connect_timeout)),
-            "options": _server_options(settings),
-            "application_name": APPLICATION_NAME,
-            # Without TLS, no silent TLS attempt followed by a second, plain login (libpq's "prefer").
-            "sslmode": "disable",
-            **_tls_parameters(settings),
-        },
+        connect_args=postgresql_parameters(settings),
         pool_size=8,
         max_overflow=24,
         pool_timeout=settings.request_timeout,

@@ -22,6 +22,7 @@ from consensus_backends.sql import statements
 from consensus_backends.sql.changes import log_changes
 from consensus_backends.sql.dialect import db_now, delete_returning, insert_if_absent, lock_row
 from consensus_backends.sql.layout import Tables
+from consensus_backends.sql.seal import refuse_if_sealed
 
 
 def nominate(conn: Connection, t: Tables, session_id: str, service: str, candidate_id: str) -> bool:
@@ -60,7 +61,8 @@ def check_fence(conn: Connection, t: Tables, fence: Leadership) -> None:
 
     The leaders row stays share-locked until the transaction ends, so no change
     of leader can commit between this check and the fenced write. (MySQL cannot
-    lock one table of a join: the row is locked by a statement of its own.)
+    lock one table of a join: the row is locked by a statement of its own.) On a sealed store the
+    refusal is ``SealedError``, as for every write there.
     """
     prepared = statements.of(conn, t)
     service = {"b_service": fence.service}
@@ -68,6 +70,7 @@ def check_fence(conn: Connection, t: Tables, fence: Leadership) -> None:
         conn.execute(prepared.fence_lock, service)
     row = conn.execute(prepared.fence, service).first()
     if row is None or (row.term, row.leader_id) != (fence.term, fence.leader_id):
+        refuse_if_sealed(conn, t)
         raise FencedError(
             f"leadership of {fence.service!r} by {fence.leader_id!r} at term {fence.term} is not current"
             + (f" (the term is now {row.term})" if row is not None else " (nobody leads it now)")

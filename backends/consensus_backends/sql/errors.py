@@ -68,11 +68,13 @@ def connect_refusal(exc: sqlalchemy.exc.DBAPIError, url: str) -> ConfigurationEr
     return None
 
 
-def denied(exc: sqlalchemy.exc.DBAPIError) -> bool:
-    """True for a statement the server refused for lack of a privilege (nothing of it was applied)."""
-    if getattr(exc.orig, "sqlstate", None) == _DENIED_SQLSTATE:
+def denied(exc: Exception) -> bool:
+    """True for a statement the server refused for lack of a privilege (nothing of it was applied);
+    ``exc``: a ``DBAPIError`` or the driver's own error."""
+    driver = _driver(exc)
+    if getattr(driver, "sqlstate", None) == _DENIED_SQLSTATE:
         return True
-    args: tuple[object, ...] = getattr(exc.orig, "args", ())
+    args: tuple[object, ...] = getattr(driver, "args", ())
     return bool(args) and args[0] in _DENIED_MYSQL_ERRORS
 
 
@@ -80,17 +82,24 @@ def _line(text: str, marker: str) -> str:
     return next((line for line in text.splitlines() if marker in line), marker).strip()
 
 
-def is_retryable(exc: sqlalchemy.exc.DBAPIError) -> bool:
+def is_retryable(exc: Exception) -> bool:
     """True when the transaction was rolled back as a whole and may run again (``_RETRYABLE_SQLSTATES``,
-    ``mysql.RETRYABLE_ERRORS``)."""
+    ``mysql.RETRYABLE_ERRORS``); ``exc``: a ``DBAPIError`` or psycopg's own error."""
+    if not isinstance(exc, sqlalchemy.exc.DBAPIError):
+        return getattr(exc, "sqlstate", None) in _RETRYABLE_SQLSTATES
     return getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES or mysql.is_retryable(exc)
+
+
+def _driver(exc: Exception) -> object:
+    """The driver's error behind ``exc`` (``exc`` itself when it is one)."""
+    return exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
 
 
 def describe_error(exc: Exception, engine: Engine) -> str:
     """The driver's one-line message (of the driver's error a ``DBAPIError`` wraps, or of a driver's
     error itself), without SQL text or parameters; for SQLite's "database is locked", with the
     process holding the write lock when the system shows it."""
-    driver = exc.orig if isinstance(exc, sqlalchemy.exc.DBAPIError) else exc
+    driver = _driver(exc)
     text = str(driver).strip().splitlines()
     message = text[0] if text else type(driver).__name__
     if getattr(driver, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY and engine.url.database:

@@ -15,12 +15,11 @@ path (no retry heals it): the session fails at once instead of after
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 #: The identity of a path with no file.
 MISSING = (-1, -1)
-#: The first 16 bytes of every SQLite 3 database file.
-SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def unusable_file(path: str) -> str | None:
@@ -37,13 +36,25 @@ def unusable_file(path: str) -> str | None:
         return None
     if not os.access(target, os.R_OK | os.W_OK):
         return f"permission denied: {path} is not readable and writable"
+    return _not_a_database(path)
+
+
+def _not_a_database(path: str) -> str | None:
+    """Whether SQLite itself finds ``path`` is no database, asked through SQLite: a plain ``open`` and
+    ``close`` of the file here would drop the POSIX locks every SQLite connection of this process
+    holds on it (``fcntl`` locks belong to the process, and any close of the file releases them)."""
+    uri = f"{Path(path).absolute().as_uri()}?mode=ro"
     try:
-        with target.open("rb") as database:
-            head = database.read(len(SQLITE_HEADER))
-    except OSError:
-        return None  # what SQLite makes of it is reported when it opens the file
-    if head and head != SQLITE_HEADER:
-        return f"{path} is not a SQLite database"
+        connection = sqlite3.connect(uri, uri=True, timeout=0, check_same_thread=False)
+    except sqlite3.Error:
+        return None  # what SQLite makes of it is reported when the session opens the file
+    try:
+        connection.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.DatabaseError as exc:
+        if "not a database" in str(exc):
+            return f"{path} is not a SQLite database"
+    finally:
+        connection.close()
     return None
 
 

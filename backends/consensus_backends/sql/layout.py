@@ -3,7 +3,9 @@
 Liveness is a lease row per session whose expiry is computed with the
 database's clock only. Deleted keys stay as tombstones so a key's version
 keeps increasing across delete and re-create. Every write appends to a
-revision-numbered change log that feeds listeners. On MySQL/MariaDB, names
+revision-numbered change log that feeds listeners. One row of the ``seal``
+table says whether a migration sealed the store (``seal``); a database made
+before that table existed gets it when a session opens. On MySQL/MariaDB, names
 are stored as their UTF-8 bytes (``VARBINARY``): compared and ordered bytewise
 as on SQLite, case- and space-sensitive, and short enough for InnoDB's
 3072-byte index keys.
@@ -11,6 +13,7 @@ as on SQLite, case- and space-sensitive, and short enough for InnoDB's
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sqlalchemy import (
@@ -36,9 +39,22 @@ from sqlalchemy.dialects.mysql import MEDIUMBLOB, VARBINARY
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
 from consensus_api.errors import ConfigurationError, OperationTimeoutError
-from consensus_backends.sql.dialect import MYSQL_DIALECTS
+from consensus_backends.sql.dialect import MYSQL_DIALECTS, insert_if_absent
 
 SCHEMA_VERSION = 1
+#: The ``id`` of the seal table's one row.
+SEAL_ROW = 1
+#: Table prefixes: they are spliced into SQL (table, trigger and LISTEN channel names) unquoted.
+_TABLE_PREFIX_RE = re.compile(r"[A-Za-z0-9_]{1,40}")
+
+
+def table_prefix(value: Any) -> str:
+    """Parse a table prefix: 1-40 characters of A-Z a-z 0-9 _."""
+    if not isinstance(value, str) or not _TABLE_PREFIX_RE.fullmatch(value):
+        raise ValueError(f"expected 1-40 characters of A-Z a-z 0-9 _, got {value!r}")
+    return value
+
+
 #: Seconds ``Tables.create`` waits for the schema lock on MySQL/MariaDB.
 SCHEMA_LOCK_WAIT = 30
 
@@ -125,6 +141,12 @@ class Tables:
             Column("name", KEY, nullable=False),
             sqlite_autoincrement=True,
         )
+        self.seal = Table(
+            f"{prefix}seal",
+            m,
+            Column("id", Integer, primary_key=True, autoincrement=False),
+            Column("sealed", Boolean, nullable=False),
+        )
         #: The hot statements on these tables, built on first use and typed by ``statements.of``
         #: (which imports this module, so this one does not name their type).
         self.statements: object = None
@@ -151,7 +173,9 @@ class Tables:
             conn.execute(text("SELECT RELEASE_LOCK(:name)"), lock)
 
     def _create(self, conn: Connection) -> None:
+        """Create what is missing (so an older database gains the seal table and its row)."""
         self.metadata.create_all(conn, checkfirst=True)
+        insert_if_absent(conn, self.seal, ["id"], {"id": SEAL_ROW, "sealed": False})
         found = conn.execute(select(self.schema.c.version)).scalar()
         if found is None:
             conn.execute(insert(self.schema).values(version=SCHEMA_VERSION))

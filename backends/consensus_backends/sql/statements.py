@@ -1,5 +1,5 @@
-"""The hot statements of the key-value operations, the change log, the fence check and the reads
-of members and leaders, built once.
+"""The hot statements of the key-value operations, the change log (also its seal-checked form for
+storage writes, see ``seal``), the fence check and the reads of members and leaders, built once.
 
 Each is built per ``Tables`` and dialect with bind parameters (``:b_*``), so a
 call only binds values: SQLAlchemy skips building the expression and its
@@ -9,12 +9,13 @@ form in its cache. The SQL is the same as when built per call.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Column, Connection, Executable, and_, bindparam, func, insert, select
 
 from consensus_backends.sql.dialect import MYSQL_DIALECTS, InsertIfAbsent, UpdateReturning, db_now
-from consensus_backends.sql.layout import Tables
+from consensus_backends.sql.layout import SEAL_ROW, Tables
 
 #: Separates the fields of a PostgreSQL change notification: ``revision<TAB>kind<TAB>name``.
 NOTIFY_SEPARATOR = "\t"
@@ -44,6 +45,7 @@ class Statements:
         self.delete_at = self._update(t, key, at, {"value": None, **bumped, "deleted": True})
         self.create = InsertIfAbsent(dialect, t.kv, ["key"])
         self.log = self._log(t, dialect)
+        self.log_unsealed = LogUnsealed(t, dialect)
         self.fence_lock, self.fence = self._fence(t, dialect)
         m, lc = t.members.c, t.leaders.c
         self.join = InsertIfAbsent(dialect, t.members, ["grp", "member_id"])
@@ -83,6 +85,34 @@ class Statements:
         if dialect == "postgresql":
             return None, query.with_for_update(read=True, of=t.leaders)
         return None, query
+
+
+class LogUnsealed:
+    """The change-log row of ``Statements.log``, inserted only while the seal row says unsealed
+    (``INSERT … SELECT … FROM seal``; on MySQL/MariaDB the seal row is read with a share lock, see
+    ``seal``); ``run(conn, params)`` is True if the row was inserted, False if the store is sealed."""
+
+    def __init__(self, t: Tables, dialect: str) -> None:
+        c, s = t.changes.c, t.seal.c
+        unsealed = select(_bind("kind", c.kind), _bind("name", c.name)).where(
+            s.id == SEAL_ROW, s.sealed.is_(False)
+        )
+        if dialect in MYSQL_DIALECTS:
+            unsealed = unsealed.with_for_update(read=True)
+        logged = insert(t.changes).from_select(["kind", "name"], unsealed)
+        #: PostgreSQL: the rows of ``pg_notify`` (one per logged row) tell; elsewhere the row count.
+        self._rows = dialect == "postgresql"
+        if self._rows:
+            cte = logged.returning(c.revision, c.kind, c.name).cte("logged")
+            payload = func.concat_ws(NOTIFY_SEPARATOR, cte.c.revision, cte.c.kind, cte.c.name)
+            self._statement: Executable = select(func.pg_notify(t.changes.name, payload)).select_from(cte)
+        else:
+            self._statement = logged
+
+    def run(self, conn: Connection, params: Mapping[str, Any]) -> bool:
+        """Insert the row for ``params`` (``b_kind``, ``b_name``) unless the store is sealed."""
+        result = conn.execute(self._statement, params)
+        return result.first() is not None if self._rows else result.rowcount == 1
 
 
 def of(conn: Connection, t: Tables) -> Statements:

@@ -19,6 +19,7 @@ from consensus_backends.sql import statements
 from consensus_backends.sql.changes import log_changes
 from consensus_backends.sql.dialect import is_mysql
 from consensus_backends.sql.layout import Tables
+from consensus_backends.sql.seal import log_unsealed, refuse_if_sealed
 
 
 def fetch(conn: Connection, t: Tables, key: str) -> Versioned | None:
@@ -27,8 +28,9 @@ def fetch(conn: Connection, t: Tables, key: str) -> Versioned | None:
 
 
 def versioned(row: Any) -> Versioned | None:
-    """A row of the ``fetch`` statement (or None: no live key) as what ``fetch`` returns."""
-    return None if row is None else Versioned(bytes(row.value), row.version)
+    """A row of the ``fetch`` statement (or None: no live key) as what ``fetch`` returns; by position,
+    so also a plain tuple (the asyncio storage's rows, ``sql.aio``)."""
+    return None if row is None else Versioned(bytes(row[0]), row[1])
 
 
 def put(conn: Connection, t: Tables, key: str, value: bytes) -> int:
@@ -38,6 +40,7 @@ def put(conn: Connection, t: Tables, key: str, value: bytes) -> int:
     if revived is None:
         row = {"key": key, "parent": parent_of(key), "value": value, "version": 1, "deleted": False}
         if not prepared.create.run(conn, row):
+            refuse_if_sealed(conn, t)
             raise KeyExistsError(f"key {key!r} already exists")
         revived = 1
     _log_key(conn, t, key)
@@ -51,7 +54,7 @@ def update_value(conn: Connection, t: Tables, key: str, value: bytes, version: i
     new_version = (prepared.update_live if version is None else prepared.update_at).run(conn, params)
     if new_version is None:
         _raise_missing_or_conflict(conn, t, key, version)
-    log_changes(conn, t, [Target(TargetKind.VALUE, key)])
+    log_unsealed(conn, t, Target(TargetKind.VALUE, key))
     return int(new_version)
 
 
@@ -70,8 +73,8 @@ def keys(conn: Connection, t: Tables, namespace: str) -> frozenset[str]:
 
 
 def key_set(rows: Iterable[Any]) -> frozenset[str]:
-    """The rows of the ``keys`` statement as what ``keys`` returns."""
-    return frozenset(row.key for row in rows)
+    """The rows of the ``keys`` statement as what ``keys`` returns (by position, as ``versioned``)."""
+    return frozenset(row[0] for row in rows)
 
 
 def walk_page(
@@ -107,6 +110,7 @@ def _raise_missing_or_conflict(conn: Connection, t: Tables, key: str, version: i
     same transaction may already see the key re-created (PostgreSQL reads a new
     snapshot per statement), which must not turn into a version conflict.
     """
+    refuse_if_sealed(conn, t)
     current = None if version is None else fetch(conn, t, key)
     if current is None:
         raise KeyNotFoundError(f"key {key!r} does not exist")
@@ -114,4 +118,6 @@ def _raise_missing_or_conflict(conn: Connection, t: Tables, key: str, version: i
 
 
 def _log_key(conn: Connection, t: Tables, key: str) -> None:
-    log_changes(conn, t, [Target(TargetKind.VALUE, key), Target(TargetKind.KEYSET, parent_of(key))])
+    """Log a change of ``key`` and of its parent's key set (``SealedError`` if sealed)."""
+    log_unsealed(conn, t, Target(TargetKind.VALUE, key))
+    log_changes(conn, t, [Target(TargetKind.KEYSET, parent_of(key))])

@@ -74,10 +74,10 @@ class Watchdog:
                 _, token = heapq.heappop(self._queue)
                 connection = self._armed.pop(token)
                 self._fired.add(token)
-            _cut(connection)
+            cut(connection)
 
 
-def _cut(dbapi_connection: Any) -> None:
+def cut(dbapi_connection: Any) -> None:
     """Shut the socket of a psycopg or PyMySQL connection down; the connection itself stays the driver's."""
     try:
         pgconn = getattr(dbapi_connection, "pgconn", None)

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 from kazoo.exceptions import KazooException
 
-from consensus_api.backend import Backend, BackendEvents, Target
+from consensus_api.backend import AsyncStorage, Backend, BackendEvents, Target
 from consensus_api.config import BackendURL, OptionParser, Options
 from consensus_api.errors import (
     BackendUnavailableError,
@@ -25,12 +25,14 @@ from consensus_api.errors import (
     SessionLostError,
 )
 from consensus_api.model import Leadership, Versioned
+from consensus_backends.zookeeper import aio
 from consensus_backends.zookeeper.changes import Watches
 from consensus_backends.zookeeper.election import Elections
 from consensus_backends.zookeeper.layout import Layout, chroot_of
 from consensus_backends.zookeeper.lease import Connection
 from consensus_backends.zookeeper.membership import Groups
 from consensus_backends.zookeeper.rereads import ChangeReader
+from consensus_backends.zookeeper.seal import Presence, Seal
 from consensus_backends.zookeeper.security import OPTIONS, Security
 from consensus_backends.zookeeper.storage import Storage
 from consensus_backends.zookeeper.txn import ensure
@@ -52,7 +54,9 @@ class ZooKeeperBackend(Backend):
         self._elections = Elections(self._connection, self._layout, timeout)
         self._groups = Groups(self._connection, self._layout, timeout)
         self._watches = Watches(self._connection.client, self._layout, events.changed, self._groups)
-        self._storage = Storage(self._connection, self._layout, self._elections, timeout)
+        self._seal = Seal(self._connection, self._layout, timeout)
+        self._presence = Presence(self._connection, self._layout, timeout)
+        self._storage = Storage(self._connection, self._layout, self._elections, self._seal, timeout)
         self._change_reader = ChangeReader(self._storage, self._groups, self._elections)
 
     @property
@@ -64,22 +68,29 @@ class ZooKeeperBackend(Backend):
         return f"<ZooKeeperBackend {self.url.redacted()}>"
 
     def open(self) -> None:
-        """Connect, then create the chroot's base znodes and check that the credentials may use them,
-        all within ``connect_timeout``: a server that answers the handshake, then nothing, is
-        ``BackendUnavailableError`` like one that never answers; kazoo's threads and sockets are gone
-        when it is raised. A session lost before this returns (an ensemble restarted before it
-        committed the new session) is replaced: the set-up is retried on the next session."""
+        """Connect, then create the chroot's base znodes, check that the credentials may use them, read
+        the seal and create the session's znode (``seal``), all within ``connect_timeout``: a server
+        that answers the handshake, then nothing, is ``BackendUnavailableError`` like one that never
+        answers; kazoo's threads and sockets are gone when it is raised. A session lost before this
+        returns (an ensemble restarted before it committed the new session) is replaced: the set-up
+        is retried on the next session."""
         timeout = self.settings.connect_timeout
         deadline = time.monotonic() + timeout
         self._connection.open(deadline)
         while True:
             try:
                 ensure(self._connection, self._layout.base_paths(), deadline)
-                self._connection.read(
-                    lambda client: [client.get_children_async(self._layout.kv)],
+                _, seal, announced = self._connection.read(
+                    lambda client: [
+                        client.get_children_async(self._layout.kv),
+                        client.get_async(self._layout.seal),
+                        self._presence.announce(client),
+                    ],
                     deadline,
                     barrier=self._layout.barrier_path,
                 )
+                self._seal.primed(seal)
+                self._presence.created(announced)
                 return
             except SessionLostError as exc:
                 if time.monotonic() < deadline:
@@ -103,6 +114,7 @@ class ZooKeeperBackend(Backend):
 
     def _on_connected(self) -> None:
         self._watches.rearm_all()
+        self._presence.connected()
 
     # Storage
 
@@ -125,6 +137,11 @@ class ZooKeeperBackend(Backend):
     def keys(self, namespace: str) -> frozenset[str]:
         """See ``Storage.keys``."""
         return self._storage.keys(namespace)
+
+    def async_storage(self) -> AsyncStorage:
+        """The storage over kazoo's asynchronous requests, completed on the running event loop
+        (``aio.AsyncStorage``): the same session, znodes and checks as the blocking calls."""
+        return aio.AsyncStorage(self._connection, self._storage.steps, self.settings.request_timeout)
 
     def walk(self, namespace: str) -> Iterator[tuple[str, Versioned]]:
         """See ``consensus_backends.zookeeper.walk``."""
@@ -181,6 +198,32 @@ class ZooKeeperBackend(Backend):
             return None
         match = re.search(r"Zookeeper version: ([^-,\s]+)", answer)
         return None if match is None else match[1]
+
+    # Migration
+
+    def term_ceiling(self) -> int:
+        """See ``Seal.term_ceiling``: the zxid of a write made now."""
+        return self._seal.term_ceiling()
+
+    def seal(self) -> None:
+        """See ``Seal.seal``."""
+        self._seal.seal()
+
+    def unseal(self) -> None:
+        """See ``Seal.unseal``."""
+        self._seal.unseal()
+
+    def sealed(self) -> bool:
+        """See ``Seal.sealed``."""
+        return self._seal.sealed()
+
+    def session_identity(self) -> str:
+        """The ZooKeeper session id in hex (``Presence.identity``)."""
+        return self._presence.identity()
+
+    def live_sessions(self) -> frozenset[str]:
+        """The sessions with a znode under ``migration/sessions`` (``Presence.live``)."""
+        return self._presence.live()
 
     def fault_identity(self) -> dict[str, object]:
         """The ZooKeeper session: ``{"session_id": int, "password": hex}``, and with TLS the file

@@ -47,6 +47,22 @@ TRANSIENT = (kz.ConnectionLoss, kz.SessionExpiredError, kz.OperationTimeoutError
 Build = Callable[[KazooClient], Sequence[Any]]
 
 
+#: Seconds before a batch is sent again after a connection problem (kazoo may not have noticed
+#: the broken connection yet).
+TRANSIENT_PAUSE = 0.01
+
+
+def behind_barrier(build: Build, barrier: str) -> Build:
+    """``build``'s requests behind a no-op quorum write on ``barrier`` (the first outcome)."""
+
+    def with_barrier(client: KazooClient) -> list[Any]:
+        transaction = client.transaction()
+        transaction.check(barrier, -1)
+        return [transaction.commit_async(), *build(client)]
+
+    return with_barrier
+
+
 class TransientError(Exception):
     """A request failed because of the connection; raised inside this package only."""
 
@@ -64,6 +80,10 @@ class Gate(Protocol):
 
     def wait_connected(self, losses: int, deadline: float) -> bool:
         """Wait until connected; False early on a session loss, close, TLS refusal or the deadline."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether the session is connected now (never waits)."""
 
 
 class Pipeline:
@@ -85,34 +105,51 @@ class Pipeline:
         """
         losses = self._gate.losses
         while True:
-            if self._gate.closing:
-                raise SessionLostError("the session is closed")
-            connected = self._gate.wait_connected(losses, deadline)
-            self._check_session(losses)
-            if not connected:
-                raise OperationTimeoutError(
-                    f"no connection to ZooKeeper within {self._settings.request_timeout:g} s "
-                    f"(session {self.state_name()})"
-                )
+            self.admit(losses, self._gate.wait_connected(losses, deadline))
             try:
                 results = build(self.client)
                 self._await_last(results, deadline)
-                outcomes = [self._settle(result, deadline) for result in results]
-                if idempotent:
-                    self._check_session(losses)
-                self._answered_at = time.monotonic()
-                return outcomes
+                return self.outcomes(results, deadline, losses, idempotent=idempotent)
             except TransientError as exc:
-                if not idempotent and not isinstance(exc.__cause__, kz.ConnectionClosedError):
-                    raise OperationTimeoutError(
-                        f"the connection to ZooKeeper broke during a write ({type(exc.__cause__).__name__}); "
-                        "its effect is unknown"
-                    ) from None
-                time.sleep(0.01)  # kazoo may not have noticed the broken connection yet
+                self.judge_transient(exc, idempotent=idempotent)
+                time.sleep(TRANSIENT_PAUSE)
             except ConsensusError:
                 raise
             except Exception as exc:  # anything else kazoo raised: never let it escape
                 raise ConsensusError(f"ZooKeeper request failed: {type(exc).__name__}: {exc}") from None
+
+    def admit(self, losses: int, connected: bool) -> None:
+        """Before a batch is sent: ``SessionLostError`` when the session was closed or lost since the
+        call began (``losses`` then), ``OperationTimeoutError`` when no connection came in time."""
+        if self._gate.closing:
+            raise SessionLostError("the session is closed")
+        self._check_session(losses)
+        if not connected:
+            raise OperationTimeoutError(
+                f"no connection to ZooKeeper within {self._settings.request_timeout:g} s "
+                f"(session {self.state_name()})"
+            )
+
+    def outcomes(
+        self, results: Sequence[Any], deadline: float, losses: int, *, idempotent: bool
+    ) -> list[Any]:
+        """The outcomes of a batch's ``results`` (``TransientError`` for a connection problem); an
+        idempotent batch must also have been answered in the session it began in."""
+        outcomes = [self._settle(result, deadline) for result in results]
+        if idempotent:
+            self._check_session(losses)
+        self._answered_at = time.monotonic()
+        return outcomes
+
+    @staticmethod
+    def judge_transient(exc: TransientError, *, idempotent: bool) -> None:
+        """After a connection problem: ``OperationTimeoutError`` for a write that may have been
+        applied; otherwise the batch is sent again (after ``TRANSIENT_PAUSE``)."""
+        if not idempotent and not isinstance(exc.__cause__, kz.ConnectionClosedError):
+            raise OperationTimeoutError(
+                f"the connection to ZooKeeper broke during a write ({type(exc.__cause__).__name__}); "
+                "its effect is unknown"
+            ) from None
 
     @staticmethod
     def _await_last(results: Sequence[Any], deadline: float) -> None:
@@ -140,13 +177,7 @@ class Pipeline:
         """
         if barrier is None:
             return self.run(build, deadline, idempotent=True)
-
-        def with_barrier(client: KazooClient) -> list[Any]:
-            transaction = client.transaction()
-            transaction.check(barrier, -1)
-            return [transaction.commit_async(), *build(client)]
-
-        return self.run(with_barrier, deadline, idempotent=True)[1:]
+        return self.run(behind_barrier(build, barrier), deadline, idempotent=True)[1:]
 
     def _settle(self, result: Any, deadline: float) -> Any:
         try:

@@ -35,8 +35,10 @@ from consensus_api.errors import (
     OperationTimeoutError,
 )
 from consensus_api.model import Leadership
+from consensus_backends.zookeeper import steps
 from consensus_backends.zookeeper.layout import Layout, candidate_id_of, sequence_of
 from consensus_backends.zookeeper.lease import Connection
+from consensus_backends.zookeeper.steps import Steps
 from consensus_backends.zookeeper.txn import Op, Txn, check, check_deadline, create, delete, ensure
 
 CZXID_CACHE = 4096
@@ -117,7 +119,7 @@ class Elections:
         _, candidate_id, term = leader
         return Leadership(service, candidate_id, term)
 
-    def fence(self, fence: Leadership, deadline: float) -> Op:
+    def fence(self, fence: Leadership, deadline: float) -> Steps[Op]:
         """The check that makes a transaction commit only while ``fence`` is the current leadership.
 
         ``FencedError`` if it is not current now (confirmed by a linearizable read). The first read
@@ -127,7 +129,7 @@ class Elections:
         its leadership handed over), so the write is not sent on a session the server has closed.
         """
         for barrier in (False, True) if self._connection.answered_lately() else (True,):
-            leader = self._lowest(fence.service, deadline, barrier=barrier)
+            leader = yield from self._finding_lowest(fence.service, deadline, barrier=barrier)
             if leader is not None and leader[1:] == (fence.leader_id, fence.term):
                 return check(leader[0], 0)
         raise FencedError(
@@ -163,6 +165,14 @@ class Elections:
         ``own``: a queue znode just created, whose czxid is read along with the children, so that
         the read that finds it leading (after a handoff) needs no second round trip.
         """
+        return steps.drive(
+            self._connection, self._finding_lowest(service, deadline, barrier=barrier, own=own), deadline
+        )
+
+    def _finding_lowest(
+        self, service: str, deadline: float, *, barrier: bool, own: str | None = None
+    ) -> Steps[tuple[str, str, int] | None]:
+        """``_lowest`` as steps."""
         queue = self._layout.queue(service)
 
         def children(client: KazooClient) -> list[Any]:
@@ -170,8 +180,8 @@ class Elections:
 
         while True:
             check_deadline(deadline, "reading the election")
-            names, *stat = self._connection.read(
-                children, deadline, barrier=self._layout.barrier_path if barrier else None
+            names, *stat = yield from steps.send(
+                children, barrier=self._layout.barrier_path if barrier else None
             )
             if own is not None and stat and isinstance(stat[0], ZnodeStat):
                 self._remember(own, int(stat[0].czxid))
@@ -182,17 +192,17 @@ class Elections:
                 return None
             name = min(candidates, key=lambda each: sequence_of(each) or 0)
             path = f"{queue}/{name}"
-            term = self._czxid(path, deadline)
+            term = yield from self._czxid(path)
             if term is not None:
                 return path, str(candidate_id_of(name)), term
 
-    def _czxid(self, path: str, deadline: float) -> int | None:
+    def _czxid(self, path: str) -> Steps[int | None]:
         """The creation zxid of a queue znode (cached: it never changes), or None if it is gone."""
         with self._lock:
             cached = self._czxids.get(path)
         if cached is not None:
             return cached
-        [stat] = self._connection.read(lambda client: [client.exists_async(path)], deadline, barrier=None)
+        [stat] = yield from steps.send(lambda client: [client.exists_async(path)])
         if stat is None:
             return None
         czxid = int(stat.czxid)

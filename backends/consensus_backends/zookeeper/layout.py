@@ -13,6 +13,9 @@ Layout below ``<root>`` (the URL path, created on first use)::
     groups/<group>/chunks/<m>-<seq>   ephemeral chunks of large member data
     elections/<service>/ids/<id>      ephemeral claim: candidate ids are unique
     elections/<service>/queue/<id>-<seq>  ephemeral sequential candidate; the lowest leads
+    migration                         bookkeeping of a migration (``seal``); its data is unused
+    migration/seal                    b"sealed" while the store is sealed, b"" otherwise (never deleted)
+    migration/sessions/<session id>   ephemeral: one per live backend session, named by its id (hex)
 
 Markers make ``keys()`` one ``get_children`` and a key-set watch one child
 watch; the roster makes a group's membership (small payloads) one
@@ -95,6 +98,9 @@ class Layout:
         self.kv = f"{root}/kv"
         self.groups = f"{root}/groups"
         self.elections = f"{root}/elections"
+        self.migration = f"{root}/migration"
+        self.seal = f"{self.migration}/seal"
+        self.sessions = f"{self.migration}/sessions"
         self._directories: dict[str, str] = {}
 
     @property
@@ -106,7 +112,7 @@ class Layout:
         """Every permanent znode the backend needs, parents first."""
         parts = self.root.split(SEPARATOR)[1:]
         chroot = [SEPARATOR + SEPARATOR.join(parts[: index + 1]) for index in range(len(parts))]
-        return [*chroot, self.kv, self.groups, self.elections]
+        return [*chroot, self.kv, self.groups, self.elections, self.migration, self.seal, self.sessions]
 
     # Storage
 

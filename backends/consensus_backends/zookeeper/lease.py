@@ -122,6 +122,11 @@ class Connection:
         return self._losses
 
     @property
+    def connected(self) -> bool:
+        """Whether the session is connected now (never waits)."""
+        return self._connected
+
+    @property
     def closing(self) -> bool:
         """Whether ``close`` (or ``abort``) was called."""
         return self._closing
@@ -133,6 +138,11 @@ class Connection:
     def read(self, build: Build, deadline: float, *, barrier: str | None) -> list[Any]:
         """See ``Pipeline.read``."""
         return self._requests.read(build, deadline, barrier=barrier)
+
+    @property
+    def requests(self) -> Pipeline:
+        """The requests' pipeline (the asyncio face, ``aio``, shares its rules)."""
+        return self._requests
 
     def answered_lately(self) -> bool:
         """See ``Pipeline.answered_lately``."""

@@ -19,7 +19,9 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from consensus_api.errors import ConsensusError
+from consensus_backends.zookeeper import steps
 from consensus_backends.zookeeper.lease import Connection
+from consensus_backends.zookeeper.steps import Steps
 
 INLINE_LIMIT = 1_000_000
 CHUNK_SIZE = 1_000_000
@@ -58,11 +60,16 @@ def create_chunks(
     connection: Connection, prefix: str, chunks: Sequence[bytes], deadline: float, *, ephemeral: bool
 ) -> list[str]:
     """Write ``chunks`` as sequential znodes ``<prefix><seq>``; returns their names in order."""
+    return steps.drive(connection, creating_chunks(prefix, chunks, ephemeral=ephemeral), deadline)
+
+
+def creating_chunks(prefix: str, chunks: Sequence[bytes], *, ephemeral: bool) -> Steps[list[str]]:
+    """``create_chunks`` as steps."""
 
     def build(client: KazooClient) -> list[Any]:
         return [client.create_async(prefix, chunk, ephemeral=ephemeral, sequence=True) for chunk in chunks]
 
-    outcomes = connection.run(build, deadline, idempotent=False)
+    outcomes = yield from steps.send(build, idempotent=False)
     for outcome in outcomes:
         if isinstance(outcome, Exception):
             raise ConsensusError(f"could not store a large value in ZooKeeper ({type(outcome).__name__})")
@@ -71,6 +78,11 @@ def create_chunks(
 
 def decode(connection: Connection, parent: str, data: bytes, deadline: float) -> bytes | None:
     """The payload's bytes, reading chunks below ``parent``; None if a chunk vanished (read again)."""
+    return steps.drive(connection, decoding(parent, data), deadline)
+
+
+def decoding(parent: str, data: bytes) -> Steps[bytes | None]:
+    """``decode`` as steps (none for an inline payload)."""
     if data[:1] == bytes([INLINE]) or not data:
         return data[1:]
     if data[:1] != bytes([CHUNKED]):
@@ -80,7 +92,7 @@ def decode(connection: Connection, parent: str, data: bytes, deadline: float) ->
     def build(client: KazooClient) -> list[Any]:
         return [client.get_async(f"{parent}/{name}") for name in names]
 
-    parts = connection.read(build, deadline, barrier=None)
+    parts = yield from steps.send(build)
     if any(isinstance(part, NoNodeError) for part in parts):
         return None
     return b"".join(bytes(part[0]) for part in parts)

@@ -13,7 +13,9 @@ from kazoo.exceptions import NodeExistsError, RolledBackError
 from kazoo.exceptions import RuntimeInconsistency as Inconsistent
 
 from consensus_api.errors import ConsensusError, OperationTimeoutError
+from consensus_backends.zookeeper import steps
 from consensus_backends.zookeeper.lease import Connection
+from consensus_backends.zookeeper.steps import Steps
 
 Op = Callable[[Any], None]
 
@@ -54,6 +56,10 @@ class Txn:
         self, connection: Connection, deadline: float
     ) -> tuple[list[Any], str | None, Exception | None]:
         """Commit; returns the per-operation results and the role and error of the failed operation."""
+        return steps.drive(connection, self.committing(), deadline)
+
+    def committing(self) -> Steps[tuple[list[Any], str | None, Exception | None]]:
+        """``commit`` as steps."""
 
         def build(client: KazooClient) -> list[Any]:
             transaction = client.transaction()
@@ -61,7 +67,7 @@ class Txn:
                 op(transaction)
             return [transaction.commit_async()]
 
-        [results] = connection.run(build, deadline, idempotent=False)
+        [results] = yield from steps.send(build, idempotent=False)
         if isinstance(results, Exception):
             raise ConsensusError(f"ZooKeeper refused a transaction: {type(results).__name__}")
         for role, result in zip(self._roles, results, strict=True):
@@ -72,12 +78,17 @@ class Txn:
 
 def ensure(connection: Connection, paths: Iterable[str], deadline: float) -> None:
     """Create the persistent, empty znodes ``paths`` (parents first) where they are missing."""
+    steps.drive(connection, ensuring(paths), deadline)
+
+
+def ensuring(paths: Iterable[str]) -> Steps[None]:
+    """``ensure`` as steps."""
     wanted = list(paths)
 
     def build(client: KazooClient) -> list[Any]:
         return [client.create_async(path, b"") for path in wanted]
 
-    for outcome in connection.run(build, deadline, idempotent=True):
+    for outcome in (yield from steps.send(build)):
         if isinstance(outcome, Exception) and not isinstance(outcome, NodeExistsError):
             raise ConsensusError(f"could not create a ZooKeeper znode ({type(outcome).__name__})")
 

@@ -62,5 +62,7 @@ KAFKA = TestProfile(
     restart_delay=RESTART_DELAY,
     not_applicable={
         "database_file": "a database-file fault (SQLite only)",
+        "lists_sessions": "a Kafka session that holds no member or candidate leaves nothing on the brokers "
+        "to list (KafkaBackend.live_sessions); a cut-over from Kafka needs --force",
     },
 )
