@@ -9,8 +9,6 @@ The coordinator's names and the assignors are loaded on first use (PEP 562): an 
 that never coordinates does not load them (docs/performance.md, "A session at rest").
 """
 
-from __future__ import annotations
-
 import importlib
 from typing import TYPE_CHECKING
 

@@ -22,8 +22,6 @@ backend that imports only :mod:`.describe` or :mod:`.engine`, does not load the 
 2 MiB of a session at rest, docs/performance.md).
 """
 
-from __future__ import annotations
-
 import importlib
 from typing import TYPE_CHECKING
 

@@ -2,7 +2,7 @@
 
 Contract: <https://consensus-api.github.io/consensus-api/spec/#14-migration-between-backends>
 
-API summary (stable names; code against these):
+In short:
 
 ```python
 import consensus_api as ca
@@ -13,7 +13,7 @@ session = ca.connect(OLD, migrate_to=NEW)        # also consensus.toml `migrate_
                                                  # (the env applies when the URL itself comes from env/config)
                                                  # and consensus_api.aio.connect(OLD, migrate_to=NEW)
 
-# 2. Operators (or tests) move authority; each returns a ``Marker`` (the state written).
+# 2. Operators move authority; each returns a ``Marker`` (the state written).
 cutover(OLD, NEW, force=False, timeout=60.0, max_lag=1000, options=None)  # -> Marker
 rollback(OLD, NEW, options=None)                                            # -> Marker
 st = status(OLD, NEW, options=None)                                         # -> MigrationStatus
@@ -30,14 +30,15 @@ accepted a write since the cut-over; the message says which check failed); bad a
 ``ConfigurationError`` before any I/O. ``SealedError`` reaches only plain (unbridged) sessions.
 
 What a bridged session's user sees at a cut-over (and a roll-back): the session reports ``LOST``
-then ``CONNECTED`` (leaders get ``LeaderChanged(None)`` first, lock holders ``LockLost``), then
-members re-join and candidates re-nominate on NEW; every term and lock token on NEW is greater
-than any OLD issued (the term floor, ``consensus_api.floor``); a fenced write carrying an OLD
-leadership raises ``FencedError``; an unfenced write caught by the seal is retried on NEW.
+when the cut-over begins (it parks: leaders get ``LeaderChanged(None)`` first, lock holders
+``LockLost``), then ``CONNECTED`` on NEW, where members re-join and candidates re-nominate; every
+term, lock token and version on NEW is greater than any it heard of on OLD (the floor,
+``consensus_api.floor``); a fenced write carrying an OLD leadership raises ``FencedError``; an
+unfenced write waits for the outcome and lands on the store that has authority.
 
 Reserved keys (never copied): ``_consensus/term-floor`` (``FLOOR_KEY``) and ``_consensus/migration``
 (``MARKER_KEY``, JSON ``Marker``); bridged sessions are members of group ``_consensus/bridged``
-(``BRIDGED_GROUP``) with data JSON ``{"host", "pid", "session", "bridged": true, "role"}``.
+(``BRIDGED_GROUP``) with data JSON ``{"host", "pid", "session", "bridged": true, "role", "parked"}``.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ class Channel:
         self._epoch = -1
         self._checked = 0  # how many leader checks were sent (round robin over the other brokers)
         self._lock = threading.Lock()
-        self._leader_followers: list[Callable[[], None]] = []
+        self._follower: Callable[[], None] = lambda: None  # ``follow_leader``
 
     def open(self, deadline: float) -> None:
         """Probe a bootstrap broker (TLS and login), start the IO thread and bootstrap; raises a kafka
@@ -197,23 +197,20 @@ class Channel:
             raise error(f"creating topic {self._settings.layout.topic}")
 
     def follow_leader(self, follower: Callable[[], None]) -> None:
-        """Call ``follower`` (on the IO thread; it must not block) after every probe that succeeded
-        and whenever the log's leader changed (``leader_hint``), so that clients of their own keep
-        up with the leader without asking: a long-polling reader learns of a new leader within a
-        probe interval."""
-        self._leader_followers.append(follower)
+        """Call ``follower`` on the IO thread (it must not block) after every probe that succeeded and
+        at every change of ``leader_hint``: a long-polling reader so learns of a new leader."""
+        self._follower = follower
 
-    def _tell_followers(self) -> None:
-        for follower in self._leader_followers:
-            try:
-                follower()
-            except Exception:
-                log.warning("following the Kafka command log's leader failed", exc_info=True)
+    def _tell_follower(self) -> None:
+        try:
+            self._follower()
+        except Exception:  # the probe's outcome must not depend on it
+            log.warning("following the Kafka command log's leader failed", exc_info=True)
 
     async def probe(self) -> int:
         """A cheap round trip to the log's leader (its end offset), for liveness."""
         end = await self._end_offset()
-        self._tell_followers()
+        self._tell_follower()
         return end
 
     def leader_hint(self) -> tuple[int, int] | None:
@@ -221,10 +218,6 @@ class Channel:
         ``leader_deposed``), or None while unknown."""
         leader, epoch = self._leader, self._epoch
         return None if leader is None or epoch < 0 else (leader, epoch)
-
-    def has_peers(self) -> bool:
-        """Whether the cluster has a broker besides the log's leader, which ``leader_deposed`` asks."""
-        return any(broker.node_id != self._leader for broker in self._manager.cluster.brokers())
 
     async def leader_deposed(self) -> bool:
         """Whether another broker (the next one in turn) names a newer leader of the log, by leader
@@ -249,7 +242,7 @@ class Channel:
         if newer_leader < 0 or newer_epoch <= epoch or self._leader != leader:
             return False
         self._leader, self._epoch = newer_leader, newer_epoch
-        self._tell_followers()
+        self._tell_follower()
         return True
 
     async def _end_offset(self) -> int:

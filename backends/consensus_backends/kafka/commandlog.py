@@ -251,7 +251,9 @@ class CommandLog:
     def _follow_leader(self) -> None:
         """Give the producer's and the reader's metadata the log's leader the channel knows when its
         leader epoch is newer than theirs: kafka-python takes any broker's metadata whole, a
-        deposed leader's too, which would keep both on a broker cut off from the cluster."""
+        deposed leader's too, which would keep both on a broker cut off from the cluster. Runs before
+        each write and each poll, and on the channel's IO thread after every probe (it never blocks:
+        the metadata has its own lock)."""
         hint = self._channel.leader_hint()
         if hint is None:
             return

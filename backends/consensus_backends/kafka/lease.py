@@ -248,7 +248,7 @@ class Driver:
         if self._probe is None and now - self._probe_started >= self._probe_interval:
             self._probe_started = now
             self._probe = self._start(self._channel.probe, wake_if=self._probe_answered)
-            if self._check is None and self._channel.has_peers():
+            if self._check is None:
                 self._check = self._start(self._channel.leader_deposed, wake_if=_found_newer_leader)
 
     def _watch_step(self, now: float, members: list[Member]) -> None:
