@@ -16,10 +16,8 @@ announces itself ``parked``; until the cut-over ends it takes nothing and reads 
 unfenced writes wait). The cut-over reads the old store's term ceiling once every bridged session
 is parked: no term an application hears of afterwards can exceed the new store's floor.
 
-Writes: a ``SealedError`` (the old store sealed by a cut-over) on an unfenced write waits for the
-authority to move and retries there within ``request_timeout``; on a fenced write it is a
-``FencedError`` (the leadership it carries belongs to the sealed store).
-"""
+Writes: a ``SealedError`` (the old store sealed) on an unfenced write waits for authority to move
+and retries there within ``request_timeout``; on a fenced write it is a ``FencedError``."""
 
 from __future__ import annotations
 
@@ -44,15 +42,7 @@ from consensus_api.errors import (
     SessionLostError,
 )
 from consensus_api.floor import MARKER_KEY, BackendFactory, FloorBackend
-from consensus_api.marker import (
-    BRIDGED_GROUP,
-    CUTOVER,
-    NEW,
-    OLD,
-    Marker,
-    announce,
-    authority,
-)
+from consensus_api.marker import BRIDGED_GROUP, CUTOVER, NEW, OLD, Marker, announce, authority
 from consensus_api.model import Leadership, SessionState, Versioned
 
 __all__ = ["BRIDGED_GROUP", "BridgeBackend", "Marker"]
@@ -122,6 +112,8 @@ class BridgeBackend(Backend):
 
     def _side(self, which: str) -> FloorBackend:
         """The backend of store ``which``, opened (and its marker watched) on first use."""
+        if self._closed:
+            raise SessionLostError("the session is closed; open a new one with consensus_api.connect()")
         side = self._sides[which]
         if side is None:
             side = self._sides[which] = self._built(which)
@@ -225,10 +217,12 @@ class BridgeBackend(Backend):
 
     def _drop_new(self) -> None:
         """Close the new store's session while no cut-over is under way and authority is old."""
-        if self._authority == NEW:
-            return
-        side, self._sides[NEW] = self._sides[NEW], None
-        if side is not None and side in self._opened:
+        if self._authority != NEW:
+            self._close_side(NEW)
+
+    def _close_side(self, which: str) -> None:
+        side, self._sides[which] = self._sides[which], None
+        if side is not None and side in self._opened:  # one never opened holds nothing
             self._opened.remove(side)
             side.close()
 
@@ -314,10 +308,10 @@ class BridgeBackend(Backend):
             bridge_metrics.bridged(self._authority, -1)
         self._closed = True
         self._kick.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(self.settings.request_timeout + REQUEUE_PAUSE)  # a move under way ends
         for which in (NEW, OLD):
-            side, self._sides[which] = self._sides[which], None
-            if side is not None:
-                side.close()
+            self._close_side(which)
 
     def fetch(self, key: str) -> Versioned | None:
         return self._call(lambda b: b.fetch(key))

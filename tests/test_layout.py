@@ -43,8 +43,6 @@ LAZY_IMPORTS = frozenset(
         # so SQLite needs neither driver, PostgreSQL no PyMySQL, MariaDB no psycopg
         "psycopg",
         "pymysql",
-        # the SQL backend's asyncio face for PostgreSQL, built on psycopg (as lazy as psycopg itself)
-        "consensus_backends.sql.aio",
         # SQLAlchemy's PostgreSQL dialect, which SQLAlchemy itself loads only for a postgresql URL: the
         # SQL backend's one PostgreSQL-only statement (ON CONFLICT) imports it there, so that a session
         # on SQLite or MySQL does not carry it (2.3 MiB of its resident memory, issue 36)

@@ -31,6 +31,7 @@ from sqlalchemy import Connection, Engine
 
 from consensus_api.backend import AsyncStorage, Backend, Reader, Target, Writer
 from consensus_api.config import BackendURL, boolean, seconds
+from consensus_api.deferred_face import DeferredAsyncStorage
 from consensus_api.errors import (
     BackendUnavailableError,
     OperationTimeoutError,
@@ -60,6 +61,8 @@ HEARTBEAT_CONNECT_LEFT = 0.05
 
 #: Keys per page of ``walk``.
 WALK_PAGE = 500
+#: PostgreSQL's asyncio storage (psycopg's and SQLAlchemy's asyncio), imported off the loop when used.
+AIO_MODULE = "consensus_backends.sql.aio"
 
 
 class SQLBackend(Backend):
@@ -171,11 +174,8 @@ class SQLBackend(Backend):
 
     def async_storage(self) -> AsyncStorage | None:
         """PostgreSQL: psycopg's asyncio API (``sql.aio``); None for SQLite (``nowait_*``) and MariaDB."""
-        if self._engine.dialect.name != "postgresql":
-            return None
-        from consensus_backends.sql.aio import PostgreSQLStorage  # noqa: PLC0415 - psycopg, PostgreSQL only
-
-        return PostgreSQLStorage(self, self._engine, self._tables)
+        build = lambda aio: aio.PostgreSQLStorage(self, self._engine, self._tables)  # noqa: E731
+        return DeferredAsyncStorage(AIO_MODULE, build) if self._engine.dialect.name == "postgresql" else None
 
     def nowait_writer(self) -> Writer | None:
         """SQLite: writes on the same connection that begin only if the write lock is free at once
