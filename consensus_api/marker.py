@@ -108,11 +108,3 @@ def unparked_clients(members: dict[str, bytes]) -> list[str]:
         if isinstance(decoded, dict) and decoded.get("role") == "client" and not decoded.get("parked"):
             found.append(member_id)
     return found
-
-
-def announced_session(data: bytes) -> object:
-    """The session identity an announcement names (None if it names none)."""
-    try:
-        return json.loads(data).get("session")
-    except (ValueError, AttributeError):
-        return None
